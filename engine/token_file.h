@@ -1,0 +1,50 @@
+// Token files: pre-tokenized training data in the llm.c / nanoGPT layout.
+//
+// Format (specified in docs/formats.md, "Token files"):
+//   * with header: 256 little-endian int32 (1024 bytes): [0] = kTokenFileMagic, [1] =
+//     kTokenFileVersion, [2] = token count n, the rest 0; then n little-endian uint16 tokens.
+//   * bare: just little-endian uint16 tokens (nanoGPT's train.bin), at least one.
+// A file is read as headered exactly when its first 4 bytes are kTokenFileMagic. For any
+// vocabulary of at most kTokenFileMagicLowHalf (55432) ids, e.g. GPT-2's 50257 or the padded
+// 50304, a valid bare stream can never start with those bytes (see docs/formats.md).
+//
+// Errors (never exits, never throws): missing file -> NotFound; bytes that do not follow the
+// format (bad version, count disagreeing with the size, odd length, empty file) -> Corruption;
+// OS failures -> IOError. Messages name the path and, for sizes, expected and actual bytes.
+//
+// Thread safety: no shared state; concurrent calls on different paths are safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/status.h"
+
+namespace tf {
+
+inline constexpr int32_t kTokenFileMagic = 20240520;
+inline constexpr int32_t kTokenFileVersion = 1;  // uint16 tokens (llm.c's 2 = uint32, unsupported)
+inline constexpr size_t kTokenFileHeaderInts = 256;
+inline constexpr size_t kTokenFileHeaderBytes = kTokenFileHeaderInts * sizeof(int32_t);
+// The magic seen as two little-endian uint16 tokens: (55432, 308).
+inline constexpr uint32_t kTokenFileMagicLowHalf = static_cast<uint32_t>(kTokenFileMagic) & 0xffffu;
+inline constexpr uint32_t kTokenFileMagicHighHalf = static_cast<uint32_t>(kTokenFileMagic) >> 16;
+
+// Reads either layout; returns the tokens (not yet checked against a vocabulary).
+StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& path);
+
+// Writes atomically (<path>.tmp, fsync, rename). REQUIRES for OK: with_header -> tokens.size()
+// <= INT32_MAX (the count is an int32); !with_header -> tokens non-empty (an empty file is
+// rejected by the reader).
+Status WriteTokenFile(const std::string& path, std::span<const uint16_t> tokens,
+                      bool with_header = true);
+
+// OK if every token is < vocab_size, else InvalidArgument
+// "<path>: token id X at position P is >= vocab size V" for the first offender.
+// REQUIRES for OK: vocab_size > 0. `path` is only used in the message.
+Status ValidateTokens(std::span<const uint16_t> tokens, int vocab_size, const std::string& path);
+
+}  // namespace tf

@@ -1,0 +1,15 @@
+// Causal multi-head self-attention (GPT-2), CPU reference implementation.
+#pragma once
+
+namespace tf::cpu {
+// qkv (B,T,3C) holds q, k, v side by side per token, each split into NH heads of C/NH.
+// out (B,T,C): heads concatenated. att (B,NH,T,T): softmax probabilities saved for backward
+// (entries above the diagonal are written as 0). Scale 1/sqrt(C/NH).
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// dqkv (B,T,3C) is overwritten (not accumulated). scratch needs T*T floats per thread
+// (use attention_scratch_floats()).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH, float* scratch);
+// Floats of scratch attention_backward needs for sequence length T with the current thread count.
+long attention_scratch_floats(int T);
+}  // namespace tf::cpu

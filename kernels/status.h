@@ -1,0 +1,123 @@
+// Status / StatusOr: how every library function in TrainFlow reports failure.
+//
+// Library code never exits or throws across module boundaries; it returns a Status that
+// carries a code and a human-readable message naming the problem (the key, the file, the
+// shape). Only main() turns a Status into an exit code. Context is added on the way up with
+// WithContext(), so a message reads "loading configs/x.json: key 'n_head': expected integer".
+//
+// Thread safety: values; safe to copy between threads.
+#pragma once
+
+#include <cassert>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace tf {
+
+enum class StatusCode {
+  kOk = 0,
+  kInvalidArgument,  // bad config value, flag, shape or file content supplied by the user
+  kNotFound,         // a file, key or tensor that should exist does not
+  kIOError,          // the operating system refused (errno attached to the message)
+  kCorruption,       // a file exists but its bytes are not what the format says
+  kOutOfRange,       // an index or size outside what is allowed
+  kUnimplemented,    // asked for a feature this build does not have
+  kInternal,         // a broken invariant or a failing library call (CUDA, MPI, ...)
+};
+
+const char* StatusCodeName(StatusCode code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;  // OK
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status OK() { return Status(); }
+  template <typename... Args>
+  static Status InvalidArgument(fmt::format_string<Args...> f, Args&&... args) {
+    return Status(StatusCode::kInvalidArgument, fmt::format(f, std::forward<Args>(args)...));
+  }
+  template <typename... Args>
+  static Status NotFound(fmt::format_string<Args...> f, Args&&... args) {
+    return Status(StatusCode::kNotFound, fmt::format(f, std::forward<Args>(args)...));
+  }
+  template <typename... Args>
+  static Status IOError(fmt::format_string<Args...> f, Args&&... args) {
+    return Status(StatusCode::kIOError, fmt::format(f, std::forward<Args>(args)...));
+  }
+  template <typename... Args>
+  static Status Corruption(fmt::format_string<Args...> f, Args&&... args) {
+    return Status(StatusCode::kCorruption, fmt::format(f, std::forward<Args>(args)...));
+  }
+  template <typename... Args>
+  static Status OutOfRange(fmt::format_string<Args...> f, Args&&... args) {
+    return Status(StatusCode::kOutOfRange, fmt::format(f, std::forward<Args>(args)...));
+  }
+  template <typename... Args>
+  static Status Unimplemented(fmt::format_string<Args...> f, Args&&... args) {
+    return Status(StatusCode::kUnimplemented, fmt::format(f, std::forward<Args>(args)...));
+  }
+  template <typename... Args>
+  static Status Internal(fmt::format_string<Args...> f, Args&&... args) {
+    return Status(StatusCode::kInternal, fmt::format(f, std::forward<Args>(args)...));
+  }
+  // errno-style failure: "<what>: <strerror(err)>".
+  static Status FromErrno(const std::string& what, int err);
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "invalid argument: <message>" (or "OK").
+  std::string ToString() const;
+  // Returns a copy whose message is "<context>: <message>"; OK stays OK.
+  Status WithContext(const std::string& context) const;
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+// A value or the Status explaining why there is none.
+template <typename T>
+class [[nodiscard]] StatusOr {
+ public:
+  StatusOr(Status status) : status_(std::move(status)) { assert(!status_.ok()); }  // NOLINT
+  StatusOr(T value) : value_(std::move(value)) {}                                  // NOLINT
+
+  bool ok() const { return status_.ok(); }
+  const Status& status() const { return status_; }
+  // REQUIRES: ok()
+  T& value() & { assert(ok()); return *value_; }
+  const T& value() const& { assert(ok()); return *value_; }
+  T&& value() && { assert(ok()); return std::move(*value_); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+
+ private:
+  Status status_;
+  std::optional<T> value_;
+};
+
+}  // namespace tf
+
+#define TF_STATUS_CONCAT_INNER(a, b) a##b
+#define TF_STATUS_CONCAT(a, b) TF_STATUS_CONCAT_INNER(a, b)
+
+// Evaluates expr (a Status); returns it from the current function if it is not OK.
+#define TF_RETURN_IF_ERROR(expr)                 \
+  do {                                           \
+    ::tf::Status tf_status_ = (expr);            \
+    if (!tf_status_.ok()) return tf_status_;     \
+  } while (0)
+
+// TF_ASSIGN_OR_RETURN(auto x, FunctionReturningStatusOr());
+#define TF_ASSIGN_OR_RETURN(lhs, expr) \
+  TF_ASSIGN_OR_RETURN_IMPL(TF_STATUS_CONCAT(tf_statusor_, __LINE__), lhs, expr)
+#define TF_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                             \
+  if (!tmp.ok()) return tmp.status();            \
+  lhs = std::move(tmp).value()

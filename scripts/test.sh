@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The README's test command: installs dependencies (if missing), fetches the GPT-2 tokenizer files
+# used by the BPE tests, builds everything, and runs the whole suite with CTest.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/install_deps.sh"
+bash "$ROOT/scripts/fetch_gpt2_tokenizer.sh"
+bash "$ROOT/scripts/build.sh"
+cd "$ROOT/build"
+ctest --output-on-failure -j "$(nproc)" --timeout 900
