@@ -1,0 +1,65 @@
+#include "engine/data_loader.h"
+
+#include "engine/token_file.h"
+
+namespace tf {
+namespace {
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+StatusOr<DataLoader> DataLoader::FromTokens(std::vector<uint16_t> tokens, int vocab_size, int B, int T, int rank,
+                                            int world_size, bool shuffle, uint64_t seed, const std::string& name) {
+  if (B <= 0 || T <= 0) return Status::InvalidArgument("data loader: batch {} and seq_len {} must be positive", B, T);
+  if (world_size <= 0 || rank < 0 || rank >= world_size) {
+    return Status::InvalidArgument("data loader: rank {} outside world size {}", rank, world_size);
+  }
+  if (tokens.size() < 2) {
+    return Status::InvalidArgument("{}: needs at least 2 tokens, has {}", name, tokens.size());
+  }
+  TF_RETURN_IF_ERROR(ValidateTokens(tokens, vocab_size, name));
+  DataLoader d;
+  d.tokens_ = std::move(tokens);
+  d.B_ = B;
+  d.T_ = T;
+  d.rank_ = rank;
+  d.world_ = world_size;
+  d.shuffle_ = shuffle;
+  d.seed_ = seed;
+  return d;
+}
+
+StatusOr<DataLoader> DataLoader::Open(const std::string& path, int vocab_size, int B, int T, int rank,
+                                      int world_size, bool shuffle, uint64_t seed) {
+  if (path.empty()) return Status::InvalidArgument("no data file given (train_data / val_data)");
+  TF_ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, ReadTokenFile(path));
+  return FromTokens(std::move(tokens), vocab_size, B, T, rank, world_size, shuffle, seed, path);
+}
+
+void DataLoader::Load(int64_t i, int32_t* inputs, int32_t* targets) const {
+  const uint64_t N = tokens_.size();
+  const int64_t g = i * world_ + rank_;  // global micro-batch index
+  const uint64_t BT = static_cast<uint64_t>(B_) * T_;
+  for (int b = 0; b < B_; ++b) {
+    uint64_t start;
+    if (shuffle_) {
+      start = Mix(seed_ ^ Mix(static_cast<uint64_t>(g) * 0x100000001b3ULL + static_cast<uint64_t>(b))) % N;
+    } else {
+      start = (static_cast<uint64_t>(g) % N * (BT % N) + static_cast<uint64_t>(b) * T_) % N;
+    }
+    uint64_t pos = start;
+    for (int t = 0; t < T_; ++t) {
+      inputs[b * T_ + t] = tokens_[pos];
+      pos = pos + 1 == N ? 0 : pos + 1;
+      targets[b * T_ + t] = tokens_[pos];
+    }
+  }
+}
+
+}  // namespace tf

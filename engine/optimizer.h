@@ -1,0 +1,43 @@
+// AdamW over a flat parameter buffer, with PyTorch's semantics (torch.optim.AdamW): bias
+// correction, decoupled weight decay applied only to tensors the layout marks (>= 2 dims), and
+// global-norm gradient clipping as torch.nn.utils.clip_grad_norm_ (scale = max_norm /
+// (norm + 1e-6) when norm > max_norm). Owns the moments m and v (same layout as the parameters).
+// Not thread-safe.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "kernels/buffer.h"
+#include "model/parameters.h"
+
+namespace tf {
+
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 disables clipping
+};
+
+class AdamW {
+ public:
+  AdamW(const ParameterLayout& layout, const AdamWConfig& config);
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
+
+  // One update at learning rate `lr`; `t` is the 1-based step count for bias correction.
+  // Returns the global gradient norm before clipping.
+  float Step(std::span<float> params, std::span<const float> grads, double lr, int64_t t);
+
+  std::span<float> m() { return m_.span(); }
+  std::span<float> v() { return v_.span(); }
+
+ private:
+  struct Range {
+    int64_t begin, end;
+    bool decay;
+  };
+  std::vector<Range> ranges_;  // maximal runs of consecutive tensors with one decay flag
+  AdamWConfig config_;
+  AlignedBuffer m_, v_;
+};
+
+}  // namespace tf

@@ -1,0 +1,219 @@
+#include "engine/train_config.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+namespace tf {
+namespace {
+
+using json = nlohmann::json;
+
+// One entry per key: how to read it into a TrainConfig. Declared in one table so that the set of
+// accepted keys, their types and the error messages stay in one place.
+struct Field {
+  const char* type;  // for messages
+  std::function<Status(const json&, TrainConfig*, const std::string& key)> read;
+};
+
+Status TypeError(const std::string& key, const char* type, const json& v) {
+  return Status::InvalidArgument("training config key '{}' must be {}, got {}", key, type, v.dump());
+}
+
+Field Int(int TrainConfig::*member, int min_value) {
+  return {"an integer", [member, min_value](const json& v, TrainConfig* c, const std::string& key) -> Status {
+            if (!v.is_number_integer()) return TypeError(key, "an integer", v);
+            const int64_t x = v.get<int64_t>();
+            if (x < min_value || x > (int64_t{1} << 31) - 1) {
+              return Status::InvalidArgument("training config key '{}' must be >= {}, got {}", key, min_value, x);
+            }
+            c->*member = static_cast<int>(x);
+            return Status::OK();
+          }};
+}
+
+Field Real(double TrainConfig::*member, double min_value, double max_value) {
+  return {"a number", [=](const json& v, TrainConfig* c, const std::string& key) -> Status {
+            if (!v.is_number()) return TypeError(key, "a number", v);
+            const double x = v.get<double>();
+            if (!(x >= min_value && x <= max_value)) {
+              return Status::InvalidArgument("training config key '{}' must be in [{}, {}], got {}", key, min_value,
+                                             max_value, x);
+            }
+            c->*member = x;
+            return Status::OK();
+          }};
+}
+
+Field Str(std::string TrainConfig::*member) {
+  return {"a string", [member](const json& v, TrainConfig* c, const std::string& key) -> Status {
+            if (!v.is_string()) return TypeError(key, "a string", v);
+            c->*member = v.get<std::string>();
+            return Status::OK();
+          }};
+}
+
+Field Bool(bool TrainConfig::*member) {
+  return {"a boolean", [member](const json& v, TrainConfig* c, const std::string& key) -> Status {
+            if (!v.is_boolean()) return TypeError(key, "true or false", v);
+            c->*member = v.get<bool>();
+            return Status::OK();
+          }};
+}
+
+const std::map<std::string, Field>& Fields() {
+  static const auto* fields = new std::map<std::string, Field>{
+      {"batch_size", Int(&TrainConfig::batch_size, 1)},
+      {"seq_len", Int(&TrainConfig::seq_len, 1)},
+      {"grad_accum_steps", Int(&TrainConfig::grad_accum_steps, 1)},
+      {"max_steps", Int(&TrainConfig::max_steps, 0)},
+      {"lr", Real(&TrainConfig::lr, 0.0, 10.0)},
+      {"min_lr", Real(&TrainConfig::min_lr, 0.0, 10.0)},
+      {"beta1", Real(&TrainConfig::beta1, 0.0, 0.999999)},
+      {"beta2", Real(&TrainConfig::beta2, 0.0, 0.999999999)},
+      {"eps", Real(&TrainConfig::eps, 1e-30, 1.0)},
+      {"weight_decay", Real(&TrainConfig::weight_decay, 0.0, 10.0)},
+      {"warmup_steps", Int(&TrainConfig::warmup_steps, 0)},
+      {"lr_decay",
+       {"a string", [](const json& v, TrainConfig* c, const std::string& key) -> Status {
+          if (!v.is_string()) return TypeError(key, "a string", v);
+          const std::string s = v.get<std::string>();
+          if (s == "cosine") c->lr_decay = LrDecay::kCosine;
+          else if (s == "linear") c->lr_decay = LrDecay::kLinear;
+          else if (s == "constant") c->lr_decay = LrDecay::kConstant;
+          else return Status::InvalidArgument("training config key 'lr_decay' must be cosine, linear or constant, got '{}'", s);
+          return Status::OK();
+        }}},
+      {"grad_clip", Real(&TrainConfig::grad_clip, 0.0, 1e30)},
+      {"eval_interval", Int(&TrainConfig::eval_interval, 0)},
+      {"eval_batches", Int(&TrainConfig::eval_batches, 0)},
+      {"log_interval", Int(&TrainConfig::log_interval, 1)},
+      {"sample_interval", Int(&TrainConfig::sample_interval, 0)},
+      {"sample_tokens", Int(&TrainConfig::sample_tokens, 0)},
+      {"sample_temperature", Real(&TrainConfig::sample_temperature, 1e-6, 100.0)},
+      {"sample_top_k", Int(&TrainConfig::sample_top_k, 0)},
+      {"sample_prompt", Str(&TrainConfig::sample_prompt)},
+      {"train_data", Str(&TrainConfig::train_data)},
+      {"val_data", Str(&TrainConfig::val_data)},
+      {"tokenizer", Str(&TrainConfig::tokenizer)},
+      {"tokenizer_dir", Str(&TrainConfig::tokenizer_dir)},
+      {"out_dir", Str(&TrainConfig::out_dir)},
+      {"init_from", Str(&TrainConfig::init_from)},
+      {"seed",
+       {"an integer", [](const json& v, TrainConfig* c, const std::string& key) -> Status {
+          if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0)) {
+            return TypeError(key, "a non-negative integer", v);
+          }
+          c->seed = v.get<uint64_t>();
+          return Status::OK();
+        }}},
+      {"threads", Int(&TrainConfig::threads, 0)},
+      {"shuffle", Bool(&TrainConfig::shuffle)},
+  };
+  return *fields;
+}
+
+const char* LrDecayName(LrDecay d) {
+  switch (d) {
+    case LrDecay::kCosine: return "cosine";
+    case LrDecay::kLinear: return "linear";
+    case LrDecay::kConstant: return "constant";
+  }
+  return "?";
+}
+
+}  // namespace
+
+StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source) {
+  if (!j.is_object()) return Status::InvalidArgument("{}: training config must be a JSON object", source);
+  TrainConfig c;
+  const auto& fields = Fields();
+  for (const auto& [key, value] : j.items()) {
+    if (key.starts_with("_")) continue;  // comments
+    auto it = fields.find(key);
+    if (it == fields.end()) return Status::InvalidArgument("{}: unknown training config key '{}'", source, key);
+    Status s = it->second.read(value, &c, key);
+    if (!s.ok()) return s.WithContext(source);
+  }
+  if (c.min_lr > c.lr) {
+    return Status::InvalidArgument("{}: min_lr ({}) must not exceed lr ({})", source, c.min_lr, c.lr);
+  }
+  if (c.tokenizer != "byte" && c.tokenizer != "gpt2") {
+    return Status::InvalidArgument("{}: training config key 'tokenizer' must be \"byte\" or \"gpt2\", got '{}'", source,
+                                   c.tokenizer);
+  }
+  if (c.tokens_per_step() > (int64_t{1} << 40)) {
+    return Status::InvalidArgument("{}: batch_size x seq_len x grad_accum_steps is too large", source);
+  }
+  return c;
+}
+
+json TrainConfigToJson(const TrainConfig& c) {
+  return {{"batch_size", c.batch_size},
+          {"seq_len", c.seq_len},
+          {"grad_accum_steps", c.grad_accum_steps},
+          {"max_steps", c.max_steps},
+          {"lr", c.lr},
+          {"min_lr", c.min_lr},
+          {"beta1", c.beta1},
+          {"beta2", c.beta2},
+          {"eps", c.eps},
+          {"weight_decay", c.weight_decay},
+          {"warmup_steps", c.warmup_steps},
+          {"lr_decay", LrDecayName(c.lr_decay)},
+          {"grad_clip", c.grad_clip},
+          {"eval_interval", c.eval_interval},
+          {"eval_batches", c.eval_batches},
+          {"log_interval", c.log_interval},
+          {"sample_interval", c.sample_interval},
+          {"sample_tokens", c.sample_tokens},
+          {"sample_temperature", c.sample_temperature},
+          {"sample_top_k", c.sample_top_k},
+          {"sample_prompt", c.sample_prompt},
+          {"train_data", c.train_data},
+          {"val_data", c.val_data},
+          {"tokenizer", c.tokenizer},
+          {"tokenizer_dir", c.tokenizer_dir},
+          {"out_dir", c.out_dir},
+          {"init_from", c.init_from},
+          {"seed", c.seed},
+          {"threads", c.threads},
+          {"shuffle", c.shuffle}};
+}
+
+StatusOr<json> ReadJsonFile(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound("{} '{}' cannot be opened", what, path);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (j.is_discarded()) return Status::InvalidArgument("{} '{}' is not valid JSON", what, path);
+  return j;
+}
+
+void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, json* model, json* train) {
+  static const char* kModelKeys[] = {"n_layer", "n_head", "n_embd", "vocab_size", "block_size", "padded_vocab_size"};
+  for (const auto& [key, text] : overrides) {
+    json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded() || value.is_object() || value.is_array()) value = text;
+    bool is_model = false;
+    for (const char* k : kModelKeys) is_model |= key == k;
+    (is_model ? *model : *train)[key] = value;
+  }
+}
+
+Status ValidateRun(const GPT2Config& model, const TrainConfig& train) {
+  if (train.seq_len > model.block_size) {
+    return Status::InvalidArgument("seq_len {} is longer than the model's block_size {}", train.seq_len,
+                                   model.block_size);
+  }
+  if (train.tokenizer == "byte" && model.vocab_size < 256) {
+    return Status::InvalidArgument("tokenizer 'byte' needs vocab_size >= 256, the model has {}", model.vocab_size);
+  }
+  if (train.tokenizer == "gpt2" && model.vocab_size < 50257) {
+    return Status::InvalidArgument("tokenizer 'gpt2' needs vocab_size >= 50257, the model has {}", model.vocab_size);
+  }
+  return Status::OK();
+}
+
+}  // namespace tf

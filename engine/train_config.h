@@ -1,0 +1,73 @@
+// Training configuration: everything about a run that is not the model's shape, parsed from JSON
+// with strict validation (unknown keys, wrong types and impossible values are InvalidArgument
+// naming the key and the source). Every key, its default and meaning: docs/configs.md.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kernels/status.h"
+#include "model/config.h"
+
+namespace tf {
+
+enum class LrDecay { kCosine, kLinear, kConstant };
+
+struct TrainConfig {
+  // Batch shape.
+  int batch_size = 4;        // B: sequences per micro-batch
+  int seq_len = 64;          // T: tokens per sequence (<= model block_size)
+  int grad_accum_steps = 1;  // micro-batches per optimizer step (gradients averaged)
+  int max_steps = 100;       // optimizer steps
+  // AdamW.
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  // Schedule: linear warm-up over warmup_steps, then lr_decay down to min_lr at max_steps.
+  int warmup_steps = 0;
+  LrDecay lr_decay = LrDecay::kCosine;
+  double grad_clip = 1.0;  // global-norm clip; 0 disables
+  // Evaluation, logging, sampling (intervals in steps; 0 = only at the end / never for samples).
+  int eval_interval = 0;
+  int eval_batches = 8;
+  int log_interval = 1;
+  int sample_interval = 0;
+  int sample_tokens = 128;
+  double sample_temperature = 0.8;
+  int sample_top_k = 0;  // 0 = no top-k filter
+  std::string sample_prompt;
+  // Data, output, misc.
+  std::string train_data;
+  std::string val_data;
+  std::string tokenizer = "byte";  // "byte" or "gpt2" (used to decode samples)
+  std::string tokenizer_dir = "third_party/gpt2-tokenizer";
+  std::string out_dir = "out";
+  std::string init_from;  // safetensors file with Hugging Face GPT-2 names, or "" for a fresh init
+  uint64_t seed = 1337;
+  int threads = 0;  // OpenMP threads; 0 = all cores
+  bool shuffle = false;
+
+  int64_t tokens_per_step() const { return int64_t{batch_size} * seq_len * grad_accum_steps; }
+};
+
+StatusOr<TrainConfig> ParseTrainConfig(const nlohmann::json& j, const std::string& source);
+nlohmann::json TrainConfigToJson(const TrainConfig& config);
+// Reads a JSON file (comments allowed). NotFound / InvalidArgument naming the path.
+StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, const std::string& what);
+
+// Applies "--key value" overrides: a key of the model config goes to `model`, any other to
+// `train` (validated later by the parsers, so unknown keys are still rejected). The value is
+// parsed as JSON when it is valid JSON (numbers, true/false), else taken as a string.
+void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, nlohmann::json* model,
+                    nlohmann::json* train);
+
+// Cross-checks a run: seq_len <= block_size, and so on. Messages name both keys.
+Status ValidateRun(const GPT2Config& model, const TrainConfig& train);
+
+}  // namespace tf

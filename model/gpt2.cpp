@@ -1,0 +1,198 @@
+#include "model/gpt2.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/attention.h"
+#include "kernels/classifier.h"
+#include "kernels/elementwise.h"
+#include "kernels/encoder.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/random.h"
+
+namespace tf {
+namespace {
+
+void Zero(float* p, int64_t n) { std::memset(p, 0, static_cast<size_t>(n) * sizeof(float)); }
+
+}  // namespace
+
+StatusOr<std::unique_ptr<GPT2>> GPT2::Create(const GPT2Config& config, int max_batch, int max_seq) {
+  TF_RETURN_IF_ERROR(ValidateConfig(config));
+  if (max_batch <= 0 || max_seq <= 0) {
+    return Status::InvalidArgument("batch ({}) and sequence length ({}) must be positive", max_batch, max_seq);
+  }
+  if (max_seq > config.block_size) {
+    return Status::InvalidArgument("sequence length {} exceeds the model's block_size {}", max_seq,
+                                   config.block_size);
+  }
+  if (int64_t{max_batch} * max_seq > (int64_t{1} << 24)) {
+    return Status::InvalidArgument("batch x sequence = {} tokens per micro-batch is too large",
+                                   int64_t{max_batch} * max_seq);
+  }
+  return std::unique_ptr<GPT2>(new GPT2(config, max_batch, max_seq));
+}
+
+GPT2::GPT2(const GPT2Config& config, int max_batch, int max_seq)
+    : config_(config), layout_(config), max_batch_(max_batch), max_seq_(max_seq) {
+  params_ = AlignedBuffer(layout_.total());
+  grads_ = AlignedBuffer(layout_.total());
+  p_ = MakeModelView(layout_, params_.data());
+  g_ = MakeModelView(layout_, grads_.data());
+
+  const int64_t L = config.n_layer, C = config.n_embd, NH = config.n_head, Vp = config.padded_vocab_size;
+  const int64_t B = max_batch, T = max_seq, N = B * T;
+  // Each activation is rounded up to 16 floats so every one starts 64-byte aligned.
+  struct Slot {
+    float** ptr;
+    int64_t n;
+  };
+  const Slot slots[] = {
+      {&encoded_, N * C},       {&ln1_, L * N * C},        {&ln1_mean_, L * N},      {&ln1_rstd_, L * N},
+      {&qkv_, L * N * 3 * C},   {&atty_, L * N * C},       {&att_, L * B * NH * T * T},
+      {&residual2_, L * N * C}, {&ln2_, L * N * C},        {&ln2_mean_, L * N},      {&ln2_rstd_, L * N},
+      {&fch_, L * N * 4 * C},   {&fch_gelu_, L * N * 4 * C}, {&residual3_, L * N * C}, {&lnf_, N * C},
+      {&lnf_mean_, N},          {&lnf_rstd_, N},           {&logits_, N * Vp},       {&losses_, N},
+      {&dresidual_, N * C},     {&dln_, N * C},            {&datty_, N * C},         {&dqkv_, N * 3 * C},
+      {&dfch_, N * 4 * C},      {&att_scratch_, cpu::attention_scratch_floats(static_cast<int>(T))},
+  };
+  auto round16 = [](int64_t n) { return (n + 15) / 16 * 16; };
+  int64_t total = 0;
+  for (const Slot& s : slots) total += round16(s.n);
+  acts_ = AlignedBuffer(total);
+  int64_t off = 0;
+  for (const Slot& s : slots) {
+    *s.ptr = acts_.data() + off;
+    off += round16(s.n);
+  }
+}
+
+void GPT2::InitWeights(uint64_t seed) {
+  Rng rng(seed);
+  const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
+  params_.Zero();
+  for (const ParamTensor& t : layout_.tensors()) {
+    float* p = params_.data() + t.offset;
+    const bool is_ln_weight = t.name.ends_with("ln_1.weight") || t.name.ends_with("ln_2.weight") ||
+                              t.name.ends_with("ln_f.weight");
+    if (is_ln_weight) {
+      for (int64_t i = 0; i < t.numel; ++i) p[i] = 1.0f;
+    } else if (t.shape.size() >= 2) {
+      float std = 0.02f;
+      if (t.name.ends_with("c_proj.weight")) std *= residual_scale;
+      int64_t n = t.numel;
+      if (t.name == "transformer.wte.weight") n = int64_t{config_.vocab_size} * config_.n_embd;  // padded rows stay 0
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(rng.Normal() * std);
+    }
+    // Biases stay zero.
+  }
+}
+
+float GPT2::Forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size, Vp = config_.padded_vocab_size;
+  const int N = B * T;
+  const int64_t NC = int64_t{N} * C;
+  cpu::encoder_forward(encoded_, inputs, p_.wte, p_.wpe, B, T, C);
+  const float* residual = encoded_;
+  for (int l = 0; l < config_.n_layer; ++l) {
+    const BlockView& w = p_.blocks[static_cast<size_t>(l)];
+    float* ln1 = ln1_ + l * NC;
+    float* qkv = qkv_ + l * NC * 3;
+    float* atty = atty_ + l * NC;
+    float* att = att_ + int64_t{l} * B * NH * T * T;
+    float* residual2 = residual2_ + l * NC;
+    float* ln2 = ln2_ + l * NC;
+    float* fch = fch_ + l * NC * 4;
+    float* fch_gelu = fch_gelu_ + l * NC * 4;
+    float* residual3 = residual3_ + l * NC;
+    cpu::layernorm_forward(ln1, ln1_mean_ + int64_t{l} * N, ln1_rstd_ + int64_t{l} * N, residual, w.ln1_w, w.ln1_b,
+                           N, C);
+    cpu::matmul_forward(qkv, ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
+    cpu::attention_forward(atty, att, qkv, B, T, C, NH);
+    cpu::matmul_forward(residual2, atty, w.attproj_w, w.attproj_b, N, C, C);
+    cpu::accumulate(residual2, residual, NC);
+    cpu::layernorm_forward(ln2, ln2_mean_ + int64_t{l} * N, ln2_rstd_ + int64_t{l} * N, residual2, w.ln2_w,
+                           w.ln2_b, N, C);
+    cpu::matmul_forward(fch, ln2, w.fc_w, w.fc_b, N, C, 4 * C);
+    cpu::gelu_forward(fch_gelu, fch, NC * 4);
+    cpu::matmul_forward(residual3, fch_gelu, w.fcproj_w, w.fcproj_b, N, 4 * C, C);
+    cpu::accumulate(residual3, residual2, NC);
+    residual = residual3;
+  }
+  cpu::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, p_.lnf_w, p_.lnf_b, N, C);
+  cpu::matmul_forward(logits_, lnf_, p_.wte, nullptr, N, C, Vp);
+  if (targets == nullptr) return 0.0f;
+  // Loss only (dloss = 0 keeps the logits intact).
+  cpu::crossentropy_forward_backward(logits_, losses_, targets, N, V, Vp, 0.0f);
+  double sum = 0.0;
+  for (int i = 0; i < N; ++i) sum += losses_[i];
+  return static_cast<float>(sum / N);
+}
+
+float GPT2::ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale) {
+  Forward(inputs, nullptr, B, T);
+  const int N = B * T;
+  // Fused: losses, then the logits buffer becomes d(mean loss * grad_scale)/dlogits.
+  cpu::crossentropy_forward_backward(logits_, losses_, targets, N, config_.vocab_size, config_.padded_vocab_size,
+                                     grad_scale / static_cast<float>(N));
+  double sum = 0.0;
+  for (int i = 0; i < N; ++i) sum += losses_[i];
+  Backward(inputs, B, T);
+  return static_cast<float>(sum / N);
+}
+
+void GPT2::Backward(const int32_t* inputs, int B, int T) {
+  const int C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size;
+  const int N = B * T;
+  const int64_t NC = int64_t{N} * C;
+  const ParameterLayout& lay = layout_;
+  const auto& tensors = lay.tensors();
+  auto ready = [&](int64_t begin, int64_t end) {
+    if (grad_ready_) grad_ready_(begin, end);
+  };
+
+  // LM head (tied to wte): dlnf = dlogits @ wte; dwte += dlogits^T @ lnf.
+  Zero(dln_, NC);
+  cpu::matmul_backward(dln_, g_.wte, nullptr, logits_, lnf_, p_.wte, N, C, Vp);
+  Zero(dresidual_, NC);
+  const float* last_residual = config_.n_layer > 0 ? residual3_ + (config_.n_layer - 1) * NC : encoded_;
+  cpu::layernorm_backward(dresidual_, g_.lnf_w, g_.lnf_b, dln_, last_residual, p_.lnf_w, lnf_mean_, lnf_rstd_, N, C);
+  ready(tensors[tensors.size() - 2].offset, lay.total());
+
+  for (int l = config_.n_layer - 1; l >= 0; --l) {
+    const BlockView& w = p_.blocks[static_cast<size_t>(l)];
+    const BlockView& g = g_.blocks[static_cast<size_t>(l)];
+    const float* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * NC;
+    const float* ln1 = ln1_ + l * NC;
+    const float* qkv = qkv_ + l * NC * 3;
+    const float* atty = atty_ + l * NC;
+    const float* att = att_ + int64_t{l} * B * NH * T * T;
+    const float* residual2 = residual2_ + l * NC;
+    const float* ln2 = ln2_ + l * NC;
+    const float* fch = fch_ + l * NC * 4;
+    const float* fch_gelu = fch_gelu_ + l * NC * 4;
+
+    // dresidual holds d(residual3). MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
+    Zero(dfch_, NC * 4);
+    cpu::matmul_backward(dfch_, g.fcproj_w, g.fcproj_b, dresidual_, fch_gelu, w.fcproj_w, N, 4 * C, C);
+    cpu::gelu_backward(dfch_, fch, dfch_, NC * 4);
+    Zero(dln_, NC);
+    cpu::matmul_backward(dln_, g.fc_w, g.fc_b, dfch_, ln2, w.fc_w, N, C, 4 * C);
+    cpu::layernorm_backward(dresidual_, g.ln2_w, g.ln2_b, dln_, residual2, w.ln2_w, ln2_mean_ + int64_t{l} * N,
+                            ln2_rstd_ + int64_t{l} * N, N, C);
+    // dresidual now holds d(residual2). Attention: residual2 = residual + attproj(attn(qkv(ln1(residual)))).
+    Zero(datty_, NC);
+    cpu::matmul_backward(datty_, g.attproj_w, g.attproj_b, dresidual_, atty, w.attproj_w, N, C, C);
+    cpu::attention_backward(dqkv_, datty_, qkv, att, B, T, C, NH, att_scratch_);
+    Zero(dln_, NC);
+    cpu::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, ln1, w.qkv_w, N, C, 3 * C);
+    cpu::layernorm_backward(dresidual_, g.ln1_w, g.ln1_b, dln_, residual, w.ln1_w, ln1_mean_ + int64_t{l} * N,
+                            ln1_rstd_ + int64_t{l} * N, N, C);
+    ready(lay.LayerBegin(l), lay.LayerEnd(l));
+  }
+  cpu::encoder_backward(g_.wte, g_.wpe, dresidual_, inputs, B, T, C);
+  ready(0, lay.LayerBegin(0));
+}
+
+}  // namespace tf

@@ -1,0 +1,128 @@
+#include "model/gpt2_weights.h"
+
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "model/safetensors.h"
+
+namespace tf {
+namespace {
+
+bool IsConv1D(const std::string& name) {
+  return name.ends_with("attn.c_attn.weight") || name.ends_with("attn.c_proj.weight") ||
+         name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_proj.weight");
+}
+
+// The shape the tensor has in a Hugging Face file.
+std::vector<int64_t> FileShape(const ParamTensor& t, const GPT2Config& config) {
+  if (t.name == "transformer.wte.weight") return {config.vocab_size, config.n_embd};
+  if (IsConv1D(t.name)) return {t.shape[1], t.shape[0]};
+  return t.shape;
+}
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+bool IsIgnoredBuffer(const std::string& name) {
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name == "lm_head.weight";
+}
+
+}  // namespace
+
+Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::span<float> params) {
+  ParameterLayout layout(config);
+  if (static_cast<int64_t>(params.size()) != layout.total()) {
+    return Status::Internal("ImportHFWeights: buffer has {} floats, layout needs {}", params.size(), layout.total());
+  }
+  TF_ASSIGN_OR_RETURN(SafetensorsContents file, ReadSafetensors(path));
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : file.tensors) {
+    if (IsIgnoredBuffer(t.name)) continue;
+    std::string key = t.name.starts_with("transformer.") ? t.name : "transformer." + t.name;
+    if (layout.Find(key) == nullptr) {
+      return Status::InvalidArgument("{}: unexpected tensor '{}' (not a GPT-2 parameter of this config: n_layer={})",
+                                     path, t.name, config.n_layer);
+    }
+    if (!by_name.emplace(key, &t).second) {
+      return Status::InvalidArgument("{}: tensor '{}' appears twice (with and without the 'transformer.' prefix)",
+                                     path, key);
+    }
+  }
+  std::fill(params.begin(), params.end(), 0.0f);
+  for (const ParamTensor& t : layout.tensors()) {
+    auto it = by_name.find(t.name);
+    if (it == by_name.end()) return Status::InvalidArgument("{}: missing tensor '{}'", path, t.name);
+    const NamedTensor& src = *it->second;
+    const std::vector<int64_t> want = FileShape(t, config);
+    if (src.shape != want) {
+      return Status::InvalidArgument("{}: tensor '{}' has shape {}, the model config needs {}", path, src.name,
+                                     ShapeString(src.shape), ShapeString(want));
+    }
+    float* dst = params.data() + t.offset;
+    if (IsConv1D(t.name)) {
+      const int64_t in = want[0], out = want[1];  // file (in, out) -> memory (out, in)
+      for (int64_t i = 0; i < in; ++i)
+        for (int64_t o = 0; o < out; ++o) dst[o * in + i] = src.data[static_cast<size_t>(i * out + o)];
+    } else {
+      std::copy(src.data.begin(), src.data.end(), dst);
+    }
+  }
+  return Status::OK();
+}
+
+Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::span<const float> params,
+                       std::map<std::string, std::string> metadata) {
+  ParameterLayout layout(config);
+  if (static_cast<int64_t>(params.size()) != layout.total()) {
+    return Status::Internal("ExportHFWeights: buffer has {} floats, layout needs {}", params.size(), layout.total());
+  }
+  std::vector<NamedTensor> transposed;  // owned copies of the Conv1D weights
+  transposed.reserve(static_cast<size_t>(4 * config.n_layer));
+  std::vector<TensorView> views;
+  for (const ParamTensor& t : layout.tensors()) {
+    const float* src = params.data() + t.offset;
+    std::vector<int64_t> shape = FileShape(t, config);
+    if (IsConv1D(t.name)) {
+      const int64_t in = shape[0], out = shape[1];
+      NamedTensor nt{t.name, shape, std::vector<float>(static_cast<size_t>(in * out))};
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) nt.data[static_cast<size_t>(i * out + o)] = src[o * in + i];
+      transposed.push_back(std::move(nt));
+      views.push_back(TensorView{t.name, shape, transposed.back().data.data()});
+    } else {
+      views.push_back(TensorView{t.name, shape, src});  // wte: the first vocab_size rows
+    }
+  }
+  metadata.emplace("format", "pt");
+  return WriteSafetensors(path, views, metadata);
+}
+
+std::string HFConfigJson(const GPT2Config& c) {
+  nlohmann::json j = {{"architectures", {"GPT2LMHeadModel"}},
+                      {"model_type", "gpt2"},
+                      {"activation_function", "gelu_new"},
+                      {"n_layer", c.n_layer},
+                      {"n_head", c.n_head},
+                      {"n_embd", c.n_embd},
+                      {"vocab_size", c.vocab_size},
+                      {"n_positions", c.block_size},
+                      {"n_ctx", c.block_size},
+                      {"n_inner", nullptr},
+                      {"layer_norm_epsilon", 1e-5},
+                      {"initializer_range", 0.02},
+                      {"resid_pdrop", 0.0},
+                      {"embd_pdrop", 0.0},
+                      {"attn_pdrop", 0.0},
+                      {"tie_word_embeddings", true},
+                      {"scale_attn_weights", true},
+                      {"bos_token_id", c.vocab_size - 1},
+                      {"eos_token_id", c.vocab_size - 1},
+                      {"torch_dtype", "float32"}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace tf

@@ -1,0 +1,32 @@
+// Weight interop with Hugging Face GPT-2 checkpoints (safetensors). This file owns the key and
+// layout mapping between TrainFlow's ParameterLayout and Hugging Face's names:
+//  - names "transformer.<...>" (GPT2LMHeadModel) or "<...>" without the prefix (GPT2Model);
+//  - Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored [in, out] by HF
+//    and transposed to TrainFlow's (out, in);
+//  - wte has vocab_size rows in the file and padded_vocab_size in memory (extra rows zero);
+//  - non-parameter buffers (attn.bias, attn.masked_bias) and the tied lm_head.weight are ignored.
+// Missing, extra, or mis-shaped tensors are errors naming the tensor and the file.
+#pragma once
+#include <map>
+#include <span>
+#include <string>
+
+#include "kernels/status.h"
+#include "model/config.h"
+#include "model/parameters.h"
+
+namespace tf {
+
+// Loads `path` into params (laid out by ParameterLayout(config)).
+// REQUIRES: params.size() == ParameterLayout(config).total().
+Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::span<float> params);
+
+// Writes params as a Hugging Face GPT2LMHeadModel safetensors file (F32, "transformer." names,
+// Conv1D layout, vocab_size rows of wte). `metadata` is stored in __metadata__ (plus "format": "pt").
+Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::span<const float> params,
+                       std::map<std::string, std::string> metadata = {});
+
+// Hugging Face's config.json for the model (GPT2LMHeadModel, gelu_new, eps 1e-5, tied embeddings).
+std::string HFConfigJson(const GPT2Config& config);
+
+}  // namespace tf

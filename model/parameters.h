@@ -1,0 +1,70 @@
+// The parameter layout of a GPT-2 model: one flat float buffer, described by a table of named
+// views (name, shape, offset). Gradients, AdamW moments and (on GPU) master weights mirror the
+// same layout, so communication and checkpointing can treat all state as flat buffers + this table.
+//
+// Names follow Hugging Face GPT-2 ("transformer.h.3.attn.c_attn.weight"); shapes are TrainFlow's
+// in-memory shapes: linear weights are (out, in) row-major like torch.nn.Linear (HF's Conv1D
+// stores the transpose; model/gpt2_weights.cpp converts), and wte has padded_vocab_size rows.
+// Order in the buffer: wte, wpe, then each block in order, then ln_f — so one block's tensors are
+// contiguous (a data-parallel bucket can cover whole blocks).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace tf {
+
+struct ParamTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // in floats from the buffer start
+  int64_t numel = 0;
+  bool weight_decay = false;  // true for tensors with >= 2 dimensions (matrices, embeddings)
+  int layer = -1;             // block index, or -1 for wte/wpe/ln_f
+};
+
+class ParameterLayout {
+ public:
+  explicit ParameterLayout(const GPT2Config& config);
+
+  const std::vector<ParamTensor>& tensors() const { return tensors_; }
+  int64_t total() const { return total_; }
+  // nullptr when no tensor has that name.
+  const ParamTensor* Find(const std::string& name) const;
+  // Flat range [begin, end) of block `layer`'s tensors.
+  int64_t LayerBegin(int layer) const { return layer_begin_[static_cast<size_t>(layer)]; }
+  int64_t LayerEnd(int layer) const { return layer_begin_[static_cast<size_t>(layer) + 1]; }
+
+ private:
+  std::vector<ParamTensor> tensors_;
+  std::vector<int64_t> layer_begin_;  // n_layer + 1 entries
+  int64_t total_ = 0;
+};
+
+// Typed pointers into a flat buffer laid out by ParameterLayout (valid while the buffer lives).
+struct BlockView {
+  float* ln1_w;     // (C)
+  float* ln1_b;     // (C)
+  float* qkv_w;     // (3C, C)
+  float* qkv_b;     // (3C)
+  float* attproj_w; // (C, C)
+  float* attproj_b; // (C)
+  float* ln2_w;     // (C)
+  float* ln2_b;     // (C)
+  float* fc_w;      // (4C, C)
+  float* fc_b;      // (4C)
+  float* fcproj_w;  // (C, 4C)
+  float* fcproj_b;  // (C)
+};
+struct ModelView {
+  float* wte;  // (Vp, C)
+  float* wpe;  // (block_size, C)
+  std::vector<BlockView> blocks;
+  float* lnf_w;  // (C)
+  float* lnf_b;  // (C)
+};
+ModelView MakeModelView(const ParameterLayout& layout, float* base);
+
+}  // namespace tf
