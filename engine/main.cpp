@@ -1,6 +1,4 @@
-// trainflow: command-line entry point (placeholder until the CLI lands in engine/cli.cpp).
-#include <cstdio>
-int main() {
-  std::puts("trainflow: CLI not yet wired");
-  return 0;
-}
+// trainflow: the single binary. Only main() turns errors into exit codes (see engine/cli.h).
+#include "engine/cli.h"
+
+int main(int argc, char** argv) { return tf::RunCli(argc, argv); }

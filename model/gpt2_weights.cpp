@@ -75,7 +75,7 @@ Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::s
 }
 
 Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::span<const float> params,
-                       std::map<std::string, std::string> metadata) {
+                       std::map<std::string, std::string> metadata, SafetensorsDtype dtype) {
   ParameterLayout layout(config);
   if (static_cast<int64_t>(params.size()) != layout.total()) {
     return Status::Internal("ExportHFWeights: buffer has {} floats, layout needs {}", params.size(), layout.total());
@@ -98,7 +98,7 @@ Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::s
     }
   }
   metadata.emplace("format", "pt");
-  return WriteSafetensors(path, views, metadata);
+  return WriteSafetensors(path, views, metadata, dtype);
 }
 
 std::string HFConfigJson(const GPT2Config& c) {

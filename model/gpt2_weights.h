@@ -14,6 +14,7 @@
 #include "kernels/status.h"
 #include "model/config.h"
 #include "model/parameters.h"
+#include "model/safetensors.h"
 
 namespace tf {
 
@@ -21,10 +22,11 @@ namespace tf {
 // REQUIRES: params.size() == ParameterLayout(config).total().
 Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::span<float> params);
 
-// Writes params as a Hugging Face GPT2LMHeadModel safetensors file (F32, "transformer." names,
+// Writes params as a Hugging Face GPT2LMHeadModel safetensors file (`dtype`, default F32, "transformer." names,
 // Conv1D layout, vocab_size rows of wte). `metadata` is stored in __metadata__ (plus "format": "pt").
 Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::span<const float> params,
-                       std::map<std::string, std::string> metadata = {});
+                       std::map<std::string, std::string> metadata = {},
+                       SafetensorsDtype dtype = SafetensorsDtype::kF32);
 
 // Hugging Face's config.json for the model (GPT2LMHeadModel, gelu_new, eps 1e-5, tied embeddings).
 std::string HFConfigJson(const GPT2Config& config);

@@ -272,15 +272,14 @@ inline long double sum_squares(const float* g, long n) {
   return s;
 }
 
-// torch.optim.AdamW (foreach=False) for step t >= 1, in double:
-//   p -= lr wd p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
-//   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
+// torch.optim.AdamW (foreach=False), in double, with the bias corrections bc1 = 1 - b1^t and
+// bc2 = 1 - b2^t given by the caller (as the kernel receives them):
+//   p -= lr wd p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
 inline void adamw(double& p, double& m, double& v, double g, double lr, double b1, double b2, double eps, double wd,
-                  int t) {
+                  double bc1, double bc2) {
   p -= lr * wd * p;
   m = b1 * m + (1.0 - b1) * g;
   v = b2 * v + (1.0 - b2) * g * g;
-  const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
   p -= lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + eps);
 }
 

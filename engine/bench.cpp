@@ -1,0 +1,74 @@
+#include "engine/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include <Eigen/Core>
+#include <omp.h>
+
+#include "engine/optimizer.h"
+#include "kernels/random.h"
+#include "model/gpt2.h"
+
+namespace tf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+double MeasureGemmPeak(int n, int k, int m, int reps) {
+  using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Mat a = Mat::Random(n, k), b = Mat::Random(m, k), c(n, m);
+  std::vector<double> rates;
+  for (int r = 0; r < reps + 2; ++r) {
+    const auto t0 = Clock::now();
+    c.noalias() = a * b.transpose();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r >= 2) rates.push_back(2.0 * n * k * m / s / 1e9);  // first two are warm-up
+  }
+  return Median(rates);
+}
+
+StatusOr<BenchResult> RunBench(const GPT2Config& config, const BenchOptions& o) {
+  if (o.steps <= 0 || o.warmup < 0) return Status::InvalidArgument("bench: --steps must be > 0 and --warmup >= 0");
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  TF_ASSIGN_OR_RETURN(std::unique_ptr<GPT2> model, GPT2::Create(config, o.batch, o.seq));
+  model->InitWeights(1);
+  AdamW opt(model->layout(), AdamWConfig{});
+  std::vector<int32_t> inputs(static_cast<size_t>(o.batch) * o.seq), targets(inputs.size());
+  Rng rng(7);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(config.vocab_size)));
+    targets[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(config.vocab_size)));
+  }
+  std::vector<double> ms;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    const auto t0 = Clock::now();
+    model->ZeroGrad();
+    model->ForwardBackward(inputs.data(), targets.data(), o.batch, o.seq, 1.0f);
+    opt.Step(model->params(), model->grads(), 1e-4, s + 1);
+    const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (s >= o.warmup) ms.push_back(dt);
+  }
+  BenchResult r;
+  r.median_ms = Median(ms);
+  r.min_ms = *std::min_element(ms.begin(), ms.end());
+  r.max_ms = *std::max_element(ms.begin(), ms.end());
+  const double tokens = static_cast<double>(o.batch) * o.seq;
+  r.tokens_per_s = tokens / (r.median_ms / 1000.0);
+  r.gflops = 6.0 * static_cast<double>(NumParameters(config)) * tokens / (r.median_ms / 1000.0) / 1e9;
+  if (o.gemm_peak) {
+    r.gemm_peak_gflops = MeasureGemmPeak(2048, 2048, 2048, 7);
+  }
+  return r;
+}
+
+}  // namespace tf

@@ -1,0 +1,26 @@
+// `trainflow bench`: times training steps (forward, backward, AdamW) of a model config on
+// synthetic tokens. Warm-up steps are excluded; reports the median (and min/max) of N steps,
+// tokens/s and the achieved FLOP rate counting 6 * params * tokens per step.
+#pragma once
+#include <string>
+
+#include "kernels/status.h"
+#include "model/config.h"
+
+namespace tf {
+
+struct BenchOptions {
+  int batch = 4, seq = 64, steps = 20, warmup = 3, threads = 0;
+  bool gemm_peak = false;  // also measure the machine's SGEMM rate (Eigen) in the same run
+};
+
+struct BenchResult {
+  double median_ms = 0, min_ms = 0, max_ms = 0, tokens_per_s = 0, gflops = 0;
+  double gemm_peak_gflops = 0;  // 0 when not measured
+};
+
+StatusOr<BenchResult> RunBench(const GPT2Config& config, const BenchOptions& options);
+// Median GFLOP/s of an Eigen float GEMM (n x k) @ (k x m), warm-up excluded: the machine ceiling.
+double MeasureGemmPeak(int n, int k, int m, int reps);
+
+}  // namespace tf
