@@ -34,13 +34,18 @@ bool IsIgnoredBuffer(const std::string& name) {
 }  // namespace
 
 Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::span<float> params) {
+  TF_ASSIGN_OR_RETURN(SafetensorsContents file, ReadSafetensors(path));
+  return LoadHFTensors(file.tensors, config, params, path);
+}
+
+Status LoadHFTensors(const std::vector<NamedTensor>& tensors, const GPT2Config& config, std::span<float> params,
+                     const std::string& path) {
   ParameterLayout layout(config);
   if (static_cast<int64_t>(params.size()) != layout.total()) {
-    return Status::Internal("ImportHFWeights: buffer has {} floats, layout needs {}", params.size(), layout.total());
+    return Status::Internal("LoadHFTensors: buffer has {} floats, layout needs {}", params.size(), layout.total());
   }
-  TF_ASSIGN_OR_RETURN(SafetensorsContents file, ReadSafetensors(path));
   std::map<std::string, const NamedTensor*> by_name;
-  for (const NamedTensor& t : file.tensors) {
+  for (const NamedTensor& t : tensors) {
     if (IsIgnoredBuffer(t.name)) continue;
     std::string key = t.name.starts_with("transformer.") ? t.name : "transformer." + t.name;
     if (layout.Find(key) == nullptr) {
@@ -72,6 +77,27 @@ Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::s
     }
   }
   return Status::OK();
+}
+
+std::vector<NamedTensor> ToHFTensors(const GPT2Config& config, std::span<const float> params) {
+  ParameterLayout layout(config);
+  std::vector<NamedTensor> out;
+  for (const ParamTensor& t : layout.tensors()) {
+    const float* src = params.data() + t.offset;
+    NamedTensor nt{t.name, FileShape(t, config), {}};
+    if (IsConv1D(t.name)) {
+      const int64_t in = nt.shape[0], outc = nt.shape[1];
+      nt.data.resize(static_cast<size_t>(in * outc));
+      for (int64_t o = 0; o < outc; ++o)
+        for (int64_t i = 0; i < in; ++i) nt.data[static_cast<size_t>(i * outc + o)] = src[o * in + i];
+    } else {
+      int64_t n = 1;
+      for (int64_t d : nt.shape) n *= d;
+      nt.data.assign(src, src + n);
+    }
+    out.push_back(std::move(nt));
+  }
+  return out;
 }
 
 Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::span<const float> params,

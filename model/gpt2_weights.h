@@ -22,6 +22,14 @@ namespace tf {
 // REQUIRES: params.size() == ParameterLayout(config).total().
 Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::span<float> params);
 
+// Same, from tensors already in memory; `source` names their origin in errors.
+Status LoadHFTensors(const std::vector<NamedTensor>& tensors, const GPT2Config& config, std::span<float> params,
+                     const std::string& source);
+
+// A copy of params as Hugging Face tensors (names with "transformer.", Conv1D layout, V rows of
+// wte) — e.g. to compare gradients with a Hugging Face/PyTorch reference.
+std::vector<NamedTensor> ToHFTensors(const GPT2Config& config, std::span<const float> params);
+
 // Writes params as a Hugging Face GPT2LMHeadModel safetensors file (`dtype`, default F32, "transformer." names,
 // Conv1D layout, vocab_size rows of wte). `metadata` is stored in __metadata__ (plus "format": "pt").
 Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::span<const float> params,
