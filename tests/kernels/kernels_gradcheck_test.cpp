@@ -122,12 +122,12 @@ TEST(LayerNormGradCheck, ReferenceBackwardMatchesFiniteDifferences) {
     };
     std::vector<double> dx(x.size()), dw(s.C), db(s.C);
     ref::layernorm_backward(dx.data(), dw.data(), db.data(), W.data(), x.data(), w.data(), s.N, s.C);
-    EXPECT_TRUE(GradClose(dx, NumericGrad([&](const auto& v) { return loss(v, w, b); }, x, kRefStep), kRefAtol,
-                          kRefRtol));
-    EXPECT_TRUE(GradClose(dw, NumericGrad([&](const auto& v) { return loss(x, v, b); }, w, kRefStep), kRefAtol,
-                          kRefRtol));
-    EXPECT_TRUE(GradClose(db, NumericGrad([&](const auto& v) { return loss(x, w, v); }, b, kRefStep), kRefAtol,
-                          kRefRtol));
+    EXPECT_TRUE(
+        GradClose(dx, NumericGrad([&](const auto& v) { return loss(v, w, b); }, x, kRefStep), kRefAtol, kRefRtol));
+    EXPECT_TRUE(
+        GradClose(dw, NumericGrad([&](const auto& v) { return loss(x, v, b); }, w, kRefStep), kRefAtol, kRefRtol));
+    EXPECT_TRUE(
+        GradClose(db, NumericGrad([&](const auto& v) { return loss(x, w, v); }, b, kRefStep), kRefAtol, kRefRtol));
   }
 }
 
@@ -149,12 +149,15 @@ TEST(LayerNormGradCheck, KernelBackwardMatchesFiniteDifferencesOfKernelForward) 
     std::vector<float> dx(x.size(), 0.0f), dw(s.C, 0.0f), db(s.C, 0.0f);
     cpu::layernorm_backward(dx.data(), dw.data(), db.data(), Wf.data(), x.data(), w.data(), mean.data(), rstd.data(),
                             s.N, s.C);
-    EXPECT_TRUE(GradClose(ref::ToDouble(dx), NumericGradFloat([&](const auto& v) { return loss(v, w, b); }, x, kKernelStep),
-                          kKernelAtol, kKernelRtol));
-    EXPECT_TRUE(GradClose(ref::ToDouble(dw), NumericGradFloat([&](const auto& v) { return loss(x, v, b); }, w, kKernelStep),
-                          kKernelAtol, kKernelRtol));
-    EXPECT_TRUE(GradClose(ref::ToDouble(db), NumericGradFloat([&](const auto& v) { return loss(x, w, v); }, b, kKernelStep),
-                          kKernelAtol, kKernelRtol));
+    EXPECT_TRUE(GradClose(ref::ToDouble(dx),
+                          NumericGradFloat([&](const auto& v) { return loss(v, w, b); }, x, kKernelStep), kKernelAtol,
+                          kKernelRtol));
+    EXPECT_TRUE(GradClose(ref::ToDouble(dw),
+                          NumericGradFloat([&](const auto& v) { return loss(x, v, b); }, w, kKernelStep), kKernelAtol,
+                          kKernelRtol));
+    EXPECT_TRUE(GradClose(ref::ToDouble(db),
+                          NumericGradFloat([&](const auto& v) { return loss(x, w, v); }, b, kKernelStep), kKernelAtol,
+                          kKernelRtol));
   }
 }
 

@@ -74,8 +74,7 @@ TEST(EncoderTest, ForwardMatchesReference) {
     auto out = ref::NaNs(static_cast<size_t>(s.B) * s.T * s.C);
     cpu::encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), s.B, s.T, s.C);
     std::vector<double> want(out.size());
-    ref::encoder_forward(want.data(), inp.data(), ref::ToDouble(wte).data(), ref::ToDouble(wpe).data(), s.B, s.T,
-                         s.C);
+    ref::encoder_forward(want.data(), inp.data(), ref::ToDouble(wte).data(), ref::ToDouble(wpe).data(), s.B, s.T, s.C);
     // One fp32 addition of two floats: correctly rounded, |err| <= u |ref|; one ulp (2u) allowed
     // so that exact ties are not decided by the check's own double arithmetic.
     EXPECT_TRUE(AllClose(out, want, 0.0, kFloatEps));
@@ -127,8 +126,8 @@ TEST(LayerNormTest, ForwardMatchesReference) {
     const auto in = MakeLnInputs(rng, s);
     auto out = ref::NaNs(in.inp.size());
     auto mean = ref::NaNs(s.N), rstd = ref::NaNs(s.N);
-    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), in.inp.data(), in.weight.data(), in.bias.data(),
-                           s.N, s.C);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), in.inp.data(), in.weight.data(), in.bias.data(), s.N,
+                           s.C);
     std::vector<double> want(out.size()), want_mean(s.N), want_rstd(s.N);
     ref::layernorm_forward(want.data(), want_mean.data(), want_rstd.data(), ref::ToDouble(in.inp).data(),
                            ref::ToDouble(in.weight).data(), ref::ToDouble(in.bias).data(), s.N, s.C);
@@ -147,8 +146,8 @@ TEST(LayerNormTest, BackwardAccumulatesAndMatchesReference) {
     SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C);
     const auto in = MakeLnInputs(rng, s);
     std::vector<float> out(in.inp.size()), mean(s.N), rstd(s.N);
-    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), in.inp.data(), in.weight.data(), in.bias.data(),
-                           s.N, s.C);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), in.inp.data(), in.weight.data(), in.bias.data(), s.N,
+                           s.C);
     const auto dout = ref::Normal(rng, in.inp.size());
     auto dinp = ref::Normal(rng, in.inp.size()), dweight = ref::Normal(rng, s.C), dbias = ref::Normal(rng, s.C);
     const auto dinp0 = dinp, dweight0 = dweight, dbias0 = dbias;
@@ -236,8 +235,8 @@ struct AttShape {
   int B, T, C, NH;
 };
 // hs = C/NH: 4, 4, 16, 16, 48, 2; T = 1 and 7 and a T not a power of two.
-const AttShape kAttShapes[] = {{1, 1, 8, 2}, {2, 7, 12, 3}, {1, 16, 48, 3}, {2, 33, 64, 4}, {1, 64, 96, 2},
-                               {3, 5, 6, 3}};
+const AttShape kAttShapes[] = {{1, 1, 8, 2},   {2, 7, 12, 3},  {1, 16, 48, 3},
+                               {2, 33, 64, 4}, {1, 64, 96, 2}, {3, 5, 6, 3}};
 
 // Error budget for attention outputs, relative to their RMS: the scores are length-hs dot products,
 // and an absolute score error d changes exp(score) by a relative d; with |scores| up to ~4 here
@@ -285,7 +284,8 @@ TEST(AttentionTest, BackwardOverwritesAndMatchesReference) {
     const double rt = 2 * AttentionRtol(s);
     const long C3 = 3L * s.C;
     for (int part = 0; part < 3; ++part) {
-      SCOPED_TRACE(testing::Message() << "part " << "qkv"[part]);
+      const char* const kPartNames[] = {"dq", "dk", "dv"};
+      SCOPED_TRACE(kPartNames[part]);
       const auto got = Columns(dqkv, C3, static_cast<long>(part) * s.C, s.C);
       const auto exp = Columns(want, C3, static_cast<long>(part) * s.C, s.C);
       EXPECT_TRUE(AllClose(got, exp, rt * Rms(exp), rt));
@@ -339,7 +339,8 @@ TEST(GeluTest, BackwardMatchesReferenceAndMayAliasDout) {
     auto dinp = ref::NaNs(x.size());
     cpu::gelu_backward(dinp.data(), x.data(), dout.data(), n);
     EXPECT_TRUE(AllClose(dinp, want, 2 * kGeluGradAtol, kGeluGradRtol));  // x2: |dout| <= 2
-    auto inplace = dout;  // dinp aliases dout
+    // dinp aliasing dout gives the same result.
+    auto inplace = dout;
     cpu::gelu_backward(inplace.data(), x.data(), inplace.data(), n);
     EXPECT_EQ(0, std::memcmp(inplace.data(), dinp.data(), sizeof(float) * n));
   }
@@ -402,8 +403,8 @@ TEST(CrossEntropyTest, LossAndGradientMatchReference) {
       // and cancels when p_t ~ 1, so it gets rt_v |dloss| of absolute slack. Padding must be 0.
       std::vector<double> atol(logits.size(), 0.0);
       for (int i = 0; i < s.N; ++i) atol[static_cast<long>(i) * s.Vp + targets[i]] = 2 * rt_v * std::fabs(dloss);
-      EXPECT_TRUE(AllClose(logits.data(), want_grad.data(), static_cast<long>(logits.size()), 0.0, 2 * rt_v,
-                           atol.data()));
+      EXPECT_TRUE(
+          AllClose(logits.data(), want_grad.data(), static_cast<long>(logits.size()), 0.0, 2 * rt_v, atol.data()));
     }
   }
 }
@@ -518,8 +519,8 @@ TEST(AdamWTest, MatchesDoubleReferenceOverSeveralSteps) {
       // The reference takes the same (float) hyper-parameters and bias corrections, so only the
       // update's own roundings differ: ~10 fp32 operations, each <= u relative.
       for (long i = 0; i < n; ++i)
-        ref::adamw(pd[i], md[i], vd[i], static_cast<double>(g[i]) * grad_scale, lr, b1, b2, eps, wd,
-                   h.bias_correction1, h.bias_correction2);
+        ref::adamw(pd[i], md[i], vd[i], static_cast<double>(g[i]) * grad_scale, lr, b1, b2, eps, wd, h.bias_correction1,
+                   h.bias_correction2);
     }
     // The update is lr * O(1) per step; |p| ~ 0.02: judge p against the step size too.
     EXPECT_TRUE(AllClose(p, pd, 1e-5 * lr, 16 * kFloatEps));
@@ -560,8 +561,12 @@ TEST(DeterminismTest, BitIdenticalWithOneAndTwoThreads) {
   auto run = [&](int threads) {
     ThreadCount tc(threads);
     EXPECT_EQ(omp_get_max_threads(), threads);
-    Result r{std::vector<float>(static_cast<size_t>(V) * C, 0.25f), std::vector<float>(static_cast<size_t>(T) * C),
-             std::vector<float>(static_cast<size_t>(N) * C), std::vector<float>(C), std::vector<float>(C), 0.0};
+    Result r{std::vector<float>(static_cast<size_t>(V) * C, 0.25f),
+             std::vector<float>(static_cast<size_t>(T) * C),
+             std::vector<float>(static_cast<size_t>(N) * C),
+             std::vector<float>(C),
+             std::vector<float>(C),
+             0.0};
     cpu::encoder_backward(r.dwte.data(), r.dwpe.data(), dout.data(), inp_tok.data(), B, T, C);
     cpu::layernorm_backward(r.dinp.data(), r.dw.data(), r.db.data(), dout.data(), x.data(), w.data(), mean.data(),
                             rstd.data(), N, C);

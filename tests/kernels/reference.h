@@ -42,8 +42,7 @@ inline void encoder_forward(double* out, const int32_t* inp, const double* wte, 
 }
 
 // out is linear in wte and wpe with coefficient 1: dwte[tok] += dout, dwpe[t] += dout.
-inline void encoder_backward(double* dwte, double* dwpe, const double* dout, const int32_t* inp, int B, int T,
-                             int C) {
+inline void encoder_backward(double* dwte, double* dwpe, const double* dout, const int32_t* inp, int B, int T, int C) {
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
       for (int c = 0; c < C; ++c) {
@@ -233,8 +232,8 @@ inline double gelu_grad(double x) {
 // losses[i] = logsumexp(logits[i,:V]) - logits[i,target]; padded columns [V,Vp) are never read.
 // If dlogits is not null it receives (N,Vp): (softmax - onehot) * dloss, padded columns 0
 // (d(-log p_t)/dz_j = p_j - [j == t]).
-inline void crossentropy_forward_backward(double* losses, double* dlogits, const double* logits,
-                                          const int32_t* targets, int N, int V, int Vp, double dloss) {
+inline void crossentropy_forward_backward(double* losses, double* dlogits, const double* logits, const int32_t* targets,
+                                          int N, int V, int Vp, double dloss) {
   for (int i = 0; i < N; ++i) {
     const double* z = logits + static_cast<long>(i) * Vp;
     double maxv = -std::numeric_limits<double>::infinity();
@@ -331,7 +330,8 @@ inline ::testing::AssertionResult AllClose(const float* got, const double* ref, 
     }
   }
   // Diagnostic for tuning tolerances: TF_PRINT_MARGINS=1 prints every comparison's worst ratio.
-  if (std::getenv("TF_PRINT_MARGINS") != nullptr) std::printf("  [margin] worst err/bound %.3g (n=%ld)\n", worst_ratio, n);
+  if (std::getenv("TF_PRINT_MARGINS") != nullptr)
+    std::printf("  [margin] worst err/bound %.3g (n=%ld)\n", worst_ratio, n);
   if (bad == 0) return ::testing::AssertionSuccess();
   const long w = first_bad;
   return ::testing::AssertionFailure() << bad << " of " << n << " elements out of tolerance (atol "
@@ -339,8 +339,8 @@ inline ::testing::AssertionResult AllClose(const float* got, const double* ref, 
                                        << "); first at [" << w << "]: got " << got[w] << ", want " << ref[w]
                                        << ", |diff| " << std::fabs(static_cast<double>(got[w]) - ref[w]);
 }
-inline ::testing::AssertionResult AllClose(const std::vector<float>& got, const std::vector<double>& ref,
-                                           double atol, double rtol) {
+inline ::testing::AssertionResult AllClose(const std::vector<float>& got, const std::vector<double>& ref, double atol,
+                                           double rtol) {
   if (got.size() != ref.size())
     return ::testing::AssertionFailure() << "size mismatch: " << got.size() << " vs " << ref.size();
   return AllClose(got.data(), ref.data(), static_cast<long>(got.size()), atol, rtol);
