@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The README's first command: installs dependencies from Debian's packages, builds TrainFlow,
+# tokenizes the default corpus (Debian's fortunes) and trains a small byte-level GPT on the CPU,
+# printing progress, validation loss and text samples. A few minutes on 2 cores.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/install_deps.sh
+bash scripts/build.sh
+./build/trainflow prepare --input /usr/share/games/fortunes --delimiter % --val-fraction 0.05 \
+  --out-dir data/fortunes
+./build/trainflow train --model configs/model/byte-small.json --train configs/train/fortunes.json "$@"
+echo
+echo "Weights: out/fortunes/model.safetensors. Try:"
+echo "  ./build/trainflow sample --weights out/fortunes/model.safetensors --prompt 'The ' --tokens 300"
