@@ -5,14 +5,16 @@
 //
 // Every benchmark reports a rate and the fraction of a ceiling measured on this machine, once per
 // process (see Ceilings()):
-//  * GEMM-like kernels (matmul, attention): "GFLOP/s" (a kIsRate counter on the FLOPs the kernel
-//    executes) and "of_sgemm_peak" = that / the measured single-precision GEMM rate (Eigen, the
-//    same library the kernels call, on a square 2048 GEMM with all OpenMP threads; the
-//    BM_EigenSgemm family below shows the same rate across shapes).
+//  * GEMM-like kernels (matmul, attention): "GFLOP" (a kIsRate counter on the FLOPs the kernel
+//    executes, printed as GFLOP=x/s) and "of_sgemm_peak" = that / the measured single-precision
+//    GEMM rate (Eigen, the same library the kernels call, on a square 2048 GEMM with all OpenMP
+//    threads; the BM_EigenSgemm family below shows the rate across shapes).
 //  * Memory-bound kernels: bytes_per_second from SetBytesProcessed, counting the compulsory
 //    traffic (each input read once, each output written once; read-modify-write counted twice),
 //    and "of_stream_bw" = that / the measured STREAM-triad DRAM bandwidth. Working sets that fit
 //    in cache (residual, softmax_rows, ...) can exceed 1: the ceiling is DRAM.
+//  The of_* fractions are rate counters too (value / wall time), so the console prints them with
+//  a "/s" suffix; they are plain fractions of the ceiling.
 // All kernels run OpenMP (Eigen included), so every benchmark uses real (wall) time, and each
 // has a short warm-up (thread pool start, page faults, caches) before it is measured.
 //
@@ -97,7 +99,7 @@ const CeilingRates& Ceilings() {
 
 void ReportFlops(benchmark::State& state, double flops_per_iter) {
   using benchmark::Counter;
-  state.counters["GFLOP/s"] = Counter(flops_per_iter * 1e-9, Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP"] = Counter(flops_per_iter * 1e-9, Counter::kIsIterationInvariantRate);
   state.counters["of_sgemm_peak"] =
       Counter(flops_per_iter / Ceilings().sgemm_flops_per_s, Counter::kIsIterationInvariantRate);
 }
@@ -284,7 +286,8 @@ void BM_AttentionBackward(benchmark::State& state) {
   std::vector<float> scratch(static_cast<size_t>(cpu::attention_scratch_floats(kT)));
   cpu::attention_forward(out.data(), att.data(), qkv.data(), kB, kT, kC, kNH);
   for (auto _ : state) {
-    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), kB, kT, kC, kNH, scratch.data());
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), kB, kT, kC, kNH, scratch.data(),
+                            static_cast<long>(scratch.size()));
     benchmark::DoNotOptimize(dqkv.data());
   }
   ReportFlops(state, 8.0 * kB * kT * kT * kC);

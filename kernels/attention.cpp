@@ -1,5 +1,6 @@
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <Eigen/Core>
@@ -54,11 +55,13 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int NH, float* scratch) {
+                        int NH, float* scratch, long scratch_floats) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const long C3 = 3L * C;
-#pragma omp parallel for collapse(2) schedule(static)
+  // Never more threads than scratch slices, even if the thread count grew since it was sized.
+  const int threads = static_cast<int>(std::max(1L, std::min<long>(omp_get_max_threads(), scratch_floats / (long(T) * T))));
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
       const long off = static_cast<long>(b) * T * C3 + static_cast<long>(h) * hs;

@@ -6,10 +6,10 @@ namespace tf::cpu {
 // out (B,T,C): heads concatenated. att (B,NH,T,T): softmax probabilities saved for backward
 // (entries above the diagonal are written as 0). Scale 1/sqrt(C/NH).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-// dqkv (B,T,3C) is overwritten (not accumulated). scratch needs T*T floats per thread
-// (use attention_scratch_floats()).
+// dqkv (B,T,3C) is overwritten (not accumulated). scratch holds scratch_floats floats; the kernel
+// uses at most scratch_floats / (T*T) threads (size it with attention_scratch_floats()).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int NH, float* scratch);
+                        int NH, float* scratch, long scratch_floats);
 // Floats of scratch attention_backward needs for sequence length T with the current thread count.
 long attention_scratch_floats(int T);
 }  // namespace tf::cpu

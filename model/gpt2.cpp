@@ -57,6 +57,7 @@ GPT2::GPT2(const GPT2Config& config, int max_batch, int max_seq)
       {&dresidual_, N * C},     {&dln_, N * C},            {&datty_, N * C},         {&dqkv_, N * 3 * C},
       {&dfch_, N * 4 * C},      {&att_scratch_, cpu::attention_scratch_floats(static_cast<int>(T))},
   };
+  att_scratch_floats_ = cpu::attention_scratch_floats(static_cast<int>(T));
   auto round16 = [](int64_t n) { return (n + 15) / 16 * 16; };
   int64_t total = 0;
   for (const Slot& s : slots) total += round16(s.n);
@@ -184,7 +185,7 @@ void GPT2::Backward(const int32_t* inputs, int B, int T) {
     // dresidual now holds d(residual2). Attention: residual2 = residual + attproj(attn(qkv(ln1(residual)))).
     Zero(datty_, NC);
     cpu::matmul_backward(datty_, g.attproj_w, g.attproj_b, dresidual_, atty, w.attproj_w, N, C, C);
-    cpu::attention_backward(dqkv_, datty_, qkv, att, B, T, C, NH, att_scratch_);
+    cpu::attention_backward(dqkv_, datty_, qkv, att, B, T, C, NH, att_scratch_, att_scratch_floats_);
     Zero(dln_, NC);
     cpu::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, ln1, w.qkv_w, N, C, 3 * C);
     cpu::layernorm_backward(dresidual_, g.ln1_w, g.ln1_b, dln_, residual, w.ln1_w, ln1_mean_ + int64_t{l} * N,

@@ -93,6 +93,7 @@ class GPT2 {
   float* dqkv_;       // (N, 3C)
   float* dfch_;       // (N, 4C)
   float* att_scratch_;
+  long att_scratch_floats_ = 0;
 };
 
 }  // namespace tf

@@ -148,7 +148,9 @@ TEST(DataLoaderTest, ShuffleIsDeterministicContiguousAndSeedDependent) {
       for (int t = 0; t < T; ++t) {
         const size_t k = static_cast<size_t>(b * T + t);
         EXPECT_EQ(x.targets[k], (x.inputs[k] + 1) % kN);
-        if (t + 1 < T) EXPECT_EQ(x.inputs[k + 1], x.targets[k]);
+        if (t + 1 < T) {
+          EXPECT_EQ(x.inputs[k + 1], x.targets[k]);
+        }
       }
     }
   }

@@ -199,7 +199,8 @@ TEST(AttentionGradCheck, KernelBackwardMatchesFiniteDifferencesOfKernelForward) 
     loss(qkv);  // att of the unperturbed input, for the backward
     const auto Wf = ToFloat(W);
     std::vector<float> dqkv(qkv.size()), scratch(static_cast<size_t>(cpu::attention_scratch_floats(s.T)));
-    cpu::attention_backward(dqkv.data(), Wf.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH, scratch.data());
+    cpu::attention_backward(dqkv.data(), Wf.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH, scratch.data(),
+                            static_cast<long>(scratch.size()));
     EXPECT_TRUE(GradClose(ref::ToDouble(dqkv), NumericGradFloat(loss, qkv, kKernelStep), kKernelAtol, kKernelRtol));
   }
 }

@@ -275,7 +275,8 @@ TEST(AttentionTest, BackwardOverwritesAndMatchesReference) {
     const auto dout = ref::Normal(rng, out.size());
     auto dqkv = ref::NaNs(qkv.size());  // overwritten, not accumulated: every element must be written
     std::vector<float> scratch(static_cast<size_t>(cpu::attention_scratch_floats(s.T)));
-    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH, scratch.data());
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH, scratch.data(),
+                            static_cast<long>(scratch.size()));
     std::vector<double> want(dqkv.size());
     ref::attention_backward(want.data(), ref::ToDouble(dout).data(), ref::ToDouble(qkv).data(), s.B, s.T, s.C, s.NH);
     // On top of the forward's error in P: dP (length hs), the row dot P.dP (length T) and the
