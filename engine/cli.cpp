@@ -110,9 +110,10 @@ int CmdTrain(const std::string& model_path, const std::string& train_path, const
   }
   if (!init_from.empty()) train_json["init_from"] = init_from;
   ApplyOverrides(*overrides, &*model_json, &train_json);
-  auto model = ParseModelConfig(*model_json, model_path);
+  const std::string suffix = overrides->empty() ? "" : " + command-line overrides";
+  auto model = ParseModelConfig(*model_json, model_path + suffix);
   if (!model.ok()) return Fail(model.status());
-  auto train = ParseTrainConfig(train_json, train_path.empty() ? "training options" : train_path);
+  auto train = ParseTrainConfig(train_json, (train_path.empty() ? "training options" : train_path) + suffix);
   if (!train.ok()) return Fail(train.status());
   auto trainer = Trainer::Create(*model, *train, Trainer::Options{});
   if (!trainer.ok()) return Fail(trainer.status());
@@ -159,7 +160,9 @@ int RunCli(int argc, char** argv) {
   eval->add_option("--data", data, "Token file")->required();
   eval->add_option("--batch-size", batch, "Sequences per batch")->capture_default_str();
   eval->add_option("--seq-len", seq, "Sequence length (default: block_size)");
-  eval->add_option("--batches", batches, "Number of batches (from the start of the file)")->capture_default_str();
+  eval->add_option("--batches", batches, "Number of batches (from the start of the file)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 
   // sample
   auto* sample = app.add_subcommand("sample", "Generate text from weights");
@@ -168,7 +171,9 @@ int RunCli(int argc, char** argv) {
   sample->add_option("--weights", weights, "safetensors weights")->required();
   sample->add_option("--model", model_path, "Model config (default: from the weights' metadata or config.json)");
   sample->add_option("--prompt", prompt, "Prompt text (default: end-of-text, or a newline for byte)");
-  sample->add_option("--tokens", sopt.num_tokens, "Tokens to generate")->capture_default_str();
+  sample->add_option("--tokens", sopt.num_tokens, "Tokens to generate")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   sample->add_option("--temperature", sopt.temperature, "Softmax temperature (> 0)")->capture_default_str();
   sample->add_option("--top-k", sopt.top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
   sample->add_option("--seed", sopt.seed, "Sampling seed")->capture_default_str();

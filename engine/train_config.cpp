@@ -138,7 +138,7 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
     if (!s.ok()) return s.WithContext(source);
   }
   if (c.min_lr > c.lr) {
-    return Status::InvalidArgument("{}: min_lr ({}) must not exceed lr ({})", source, c.min_lr, c.lr);
+    return Status::InvalidArgument("{}: min_lr ({}) must not exceed lr ({}); set min_lr too", source, c.min_lr, c.lr);
   }
   if (c.tokenizer != "byte" && c.tokenizer != "gpt2") {
     return Status::InvalidArgument("{}: training config key 'tokenizer' must be \"byte\" or \"gpt2\", got '{}'", source,
@@ -196,6 +196,8 @@ void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& over
   for (const auto& [key, text] : overrides) {
     json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (value.is_discarded() || value.is_object() || value.is_array()) value = text;
+    // String-typed keys take the text as given: --out_dir 2024, --sample_prompt true.
+    if (auto it = Fields().find(key); it != Fields().end() && std::string(it->second.type) == "a string") value = text;
     bool is_model = false;
     for (const char* k : kModelKeys) is_model |= key == k;
     (is_model ? *model : *train)[key] = value;

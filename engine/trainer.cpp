@@ -63,8 +63,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
   } else {
     TF_RETURN_IF_ERROR(ImportHFWeights(train.init_from, model, t->model_->params()));
   }
-  t->optimizer_ = std::make_unique<AdamW>(
-      t->model_->layout(), AdamWConfig{train.beta1, train.beta2, train.eps, train.weight_decay, train.grad_clip});
+  try {
+    t->optimizer_ = std::make_unique<AdamW>(
+        t->model_->layout(), AdamWConfig{train.beta1, train.beta2, train.eps, train.weight_decay, train.grad_clip});
+  } catch (const std::bad_alloc&) {
+    return Status::InvalidArgument("out of memory allocating AdamW state ({:.2f} GiB)",
+                                   2.0 * t->model_->layout().total() * 4 / double(1 << 30));
+  }
   const size_t bt = static_cast<size_t>(train.batch_size) * static_cast<size_t>(train.seq_len);
   t->inputs_.resize(bt);
   t->targets_.resize(bt);

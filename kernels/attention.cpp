@@ -6,6 +6,8 @@
 #include <Eigen/Core>
 #include <omp.h>
 
+#include "kernels/math.h"
+
 namespace tf::cpu {
 namespace {
 
@@ -41,7 +43,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
         for (int s = 0; s <= t; ++s) maxv = std::fmax(maxv, row[s]);
         float sum = 0.0f;
         for (int s = 0; s <= t; ++s) {
-          row[s] = std::exp(row[s] - maxv);
+          row[s] = math::fast_exp(row[s] - maxv);
           sum += row[s];
         }
         const float inv = 1.0f / sum;

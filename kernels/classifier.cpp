@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/math.h"
+
 namespace tf::cpu {
 
 void crossentropy_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
@@ -10,20 +12,29 @@ void crossentropy_forward_backward(float* logits, float* losses, const int32_t* 
   for (int i = 0; i < N; ++i) {
     float* row = logits + static_cast<long>(i) * Vp;
     float maxv = -INFINITY;
-    for (int j = 0; j < V; ++j) maxv = std::fmax(maxv, row[j]);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < V; ++j) sum += std::exp(row[j] - maxv);
-    const float log_z = maxv + std::log(sum);
+#pragma omp simd reduction(max : maxv)
+    for (int j = 0; j < V; ++j) maxv = row[j] > maxv ? row[j] : maxv;
     const int target = targets[i];
-    losses[i] = log_z - row[target];
-    if (dloss != 0.0f) {
-      const float inv = 1.0f / sum;
+    const float target_logit = row[target];
+    float sum = 0.0f;
+    if (dloss == 0.0f) {
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j < V; ++j) sum += math::fast_exp(row[j] - maxv);
+    } else {
+      // Exponentials stored in place, then scaled: each loop is a plain vectorisable stream.
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j < V; ++j) {
+        const float e = math::fast_exp(row[j] - maxv);
+        row[j] = e;
+        sum += e;
+      }
+      const float scale = dloss / sum;
 #pragma omp simd
-      for (int j = 0; j < V; ++j) row[j] = std::exp(row[j] - maxv) * inv * dloss;
+      for (int j = 0; j < V; ++j) row[j] *= scale;
       row[target] -= dloss;
       for (int j = V; j < Vp; ++j) row[j] = 0.0f;
     }
+    losses[i] = maxv + std::log(sum) - target_logit;
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "kernels/attention.h"
 #include "kernels/classifier.h"
@@ -31,7 +32,15 @@ StatusOr<std::unique_ptr<GPT2>> GPT2::Create(const GPT2Config& config, int max_b
     return Status::InvalidArgument("batch x sequence = {} tokens per micro-batch is too large",
                                    int64_t{max_batch} * max_seq);
   }
-  return std::unique_ptr<GPT2>(new GPT2(config, max_batch, max_seq));
+  try {
+    return std::unique_ptr<GPT2>(new GPT2(config, max_batch, max_seq));
+  } catch (const std::bad_alloc&) {
+    const double params_gib = 2.0 * ParameterLayout(config).total() * 4 / double(1 << 30);
+    return Status::InvalidArgument(
+        "out of memory allocating the model for batch {} x sequence {} ({:.2f} GiB of parameters and gradients "
+        "plus activations); reduce batch_size or seq_len",
+        max_batch, max_seq, params_gib);
+  }
 }
 
 GPT2::GPT2(const GPT2Config& config, int max_batch, int max_seq)

@@ -60,12 +60,22 @@ Status LoadHFTensors(const std::vector<NamedTensor>& tensors, const GPT2Config& 
   std::fill(params.begin(), params.end(), 0.0f);
   for (const ParamTensor& t : layout.tensors()) {
     auto it = by_name.find(t.name);
-    if (it == by_name.end()) return Status::InvalidArgument("{}: missing tensor '{}'", path, t.name);
+    if (it == by_name.end()) {
+      return Status::InvalidArgument("{}: missing tensor '{}' (model config: n_layer={}, n_embd={})", path, t.name,
+                                     config.n_layer, config.n_embd);
+    }
     const NamedTensor& src = *it->second;
+
     const std::vector<int64_t> want = FileShape(t, config);
     if (src.shape != want) {
       return Status::InvalidArgument("{}: tensor '{}' has shape {}, the model config needs {}", path, src.name,
                                      ShapeString(src.shape), ShapeString(want));
+    }
+    int64_t want_numel = 1;
+    for (int64_t d : want) want_numel *= d;
+    if (static_cast<int64_t>(src.data.size()) != want_numel) {
+      return Status::InvalidArgument("{}: tensor '{}' holds {} values, its shape needs {}", path, src.name,
+                                     src.data.size(), want_numel);
     }
     float* dst = params.data() + t.offset;
     if (IsConv1D(t.name)) {

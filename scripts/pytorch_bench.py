@@ -173,6 +173,7 @@ def main():
     tps = tokens / (ms / 1e3)
     gflops = 6.0 * params_nowpe * tokens / (ms / 1e3) / 1e9
     print(f"loss: first {first:.4f} last {l:.4f}")
+    print("step times ms: " + " ".join(f"{t*1e3:.0f}" for t in times))
     print(f"step times ms: min {min(times)*1e3:.2f} median {ms:.2f} max {max(times)*1e3:.2f} "
           f"over {args.steps} steps after {args.warmup} warmup")
     print(f"median {ms:.3f} ms/step, {tps:.1f} tokens/s, "

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -31,8 +32,15 @@ const std::string kByteTiny = std::string(TF_SOURCE_DIR) + "/configs/model/byte-
 
 std::string Quote(const std::string& s) {
   std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out.push_back(c);
+    }
+  }
+  out.push_back('\'');
+  return out;
 }
 
 std::string ReadAll(const fs::path& path) {
@@ -67,10 +75,10 @@ class CliTest : public ::testing::Test {
   // Runs `trainflow <args>` inside the test's directory (so a default out_dir cannot litter the
   // build tree), capturing stdout and stderr.
   RunResult Run(const std::vector<std::string>& args) {
-    std::string cmd = "cd " + Quote(dir_.string()) + " && OMP_NUM_THREADS=2 exec " + Quote(kBinary);
-    for (const std::string& a : args) cmd += " " + Quote(a);
     const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    cmd += " >" + Quote(out.string()) + " 2>" + Quote(err.string());
+    std::string cmd = fmt::format("cd {} && OMP_NUM_THREADS=2 exec {}", Quote(dir_.string()), Quote(kBinary));
+    for (const std::string& a : args) cmd += fmt::format(" {}", Quote(a));
+    cmd += fmt::format(" >{} 2>{}", Quote(out.string()), Quote(err.string()));
     const int status = std::system(cmd.c_str());
     RunResult r;
     if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
@@ -252,7 +260,9 @@ TEST_F(CliTest, PrepareTrainEvalSampleExportBench) {
       const auto j = nlohmann::json::parse(line);
       steps += j.contains("loss");
       vals += j.contains("val_loss");
-      if (j.contains("loss")) EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
+      if (j.contains("loss")) {
+        EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
+      }
     }
     EXPECT_EQ(steps, 3);
     EXPECT_EQ(vals, 1);
