@@ -1,5 +1,5 @@
 // The `trainflow` command line (CLI11): train, prepare, eval, sample, export, bench.
-// Usage and every flag: `trainflow --help`, `trainflow <command> --help`, docs/cli.md.
+// Usage and every flag: `trainflow --help`, `trainflow <command> --help`; overview in README.md.
 #pragma once
 
 namespace tf {

@@ -10,7 +10,9 @@ double sum_squares(const float* g, long n) {
   // not depend on the thread count (needed for bit-identical runs and for later data-parallel checks).
   constexpr long kBlock = 1 << 14;
   const long n_blocks = (n + kBlock - 1) / kBlock;
-  std::vector<double> partial(static_cast<size_t>(n_blocks), 0.0);
+  // Reused across calls (grows once), so a training step does not allocate.
+  thread_local std::vector<double> partial;
+  partial.assign(static_cast<size_t>(n_blocks), 0.0);
 #pragma omp parallel for schedule(static)
   for (long blk = 0; blk < n_blocks; ++blk) {
     const long i0 = blk * kBlock, i1 = std::min(n, i0 + kBlock);

@@ -1,0 +1,71 @@
+// GPT-2 initialisation: the distribution of every tensor and determinism for a seed.
+#include <cmath>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "model/gpt2.h"
+
+namespace tf {
+namespace {
+
+struct Moments {
+  double mean = 0, std = 0;
+};
+Moments Measure(const float* p, int64_t n) {
+  double s = 0, s2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    s += p[i];
+    s2 += double(p[i]) * p[i];
+  }
+  const double mean = s / n;
+  return {mean, std::sqrt(s2 / n - mean * mean)};
+}
+
+TEST(GPT2Init, DistributionsFollowGPT2) {
+  GPT2Config c{.n_layer = 4, .n_head = 4, .n_embd = 64, .vocab_size = 1000, .block_size = 128,
+               .padded_vocab_size = 1024};
+  auto m = GPT2::Create(c, 1, 8);
+  ASSERT_TRUE(m.ok());
+  (*m)->InitWeights(123);
+  const float* base = (*m)->params().data();
+  const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+  for (const ParamTensor& t : (*m)->layout().tensors()) {
+    const float* p = base + t.offset;
+    int64_t n = t.numel;
+    if (t.name == "transformer.wte.weight") {
+      n = int64_t{c.vocab_size} * c.n_embd;
+      for (int64_t i = n; i < t.numel; ++i) ASSERT_EQ(p[i], 0.0f) << "padded wte row";
+    }
+    const Moments mo = Measure(p, n);
+    if (t.name.ends_with("ln_1.weight") || t.name.ends_with("ln_2.weight") || t.name.ends_with("ln_f.weight")) {
+      EXPECT_EQ(mo.mean, 1.0) << t.name;
+      EXPECT_EQ(mo.std, 0.0) << t.name;
+    } else if (t.shape.size() == 1) {
+      EXPECT_EQ(mo.mean, 0.0) << t.name;  // biases and LayerNorm biases are zero
+      EXPECT_EQ(mo.std, 0.0) << t.name;
+    } else {
+      const double want = t.name.ends_with("c_proj.weight") ? residual_std : 0.02;
+      // n >= 4096 samples: the sample std is within ~3 / sqrt(2n) < 4% of the true value; the
+      // mean within 4 standard errors.
+      EXPECT_NEAR(mo.std, want, 0.04 * want) << t.name;
+      EXPECT_NEAR(mo.mean, 0.0, 4.0 * want / std::sqrt(double(n))) << t.name;
+    }
+  }
+}
+
+TEST(GPT2Init, DeterministicForASeed) {
+  GPT2Config c{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 50, .block_size = 8,
+               .padded_vocab_size = 64};
+  auto a = GPT2::Create(c, 1, 8), b = GPT2::Create(c, 1, 8), d = GPT2::Create(c, 1, 8);
+  ASSERT_TRUE(a.ok() && b.ok() && d.ok());
+  (*a)->InitWeights(7);
+  (*b)->InitWeights(7);
+  (*d)->InitWeights(8);
+  const size_t bytes = (*a)->params().size() * sizeof(float);
+  EXPECT_EQ(std::memcmp((*a)->params().data(), (*b)->params().data(), bytes), 0);
+  EXPECT_NE(std::memcmp((*a)->params().data(), (*d)->params().data(), bytes), 0);
+}
+
+}  // namespace
+}  // namespace tf
