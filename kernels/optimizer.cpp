@@ -11,8 +11,11 @@ double sum_squares(const float* g, long n) {
   constexpr long kBlock = 1 << 14;
   const long n_blocks = (n + kBlock - 1) / kBlock;
   // Reused across calls (grows once), so a training step does not allocate.
-  thread_local std::vector<double> partial;
-  partial.assign(static_cast<size_t>(n_blocks), 0.0);
+  // (thread_local: each calling thread owns one; workers below write through a plain pointer to the
+  // caller's, never naming the thread_local themselves.)
+  thread_local std::vector<double> partial_storage;
+  partial_storage.assign(static_cast<size_t>(n_blocks), 0.0);
+  double* partial = partial_storage.data();
 #pragma omp parallel for schedule(static)
   for (long blk = 0; blk < n_blocks; ++blk) {
     const long i0 = blk * kBlock, i1 = std::min(n, i0 + kBlock);
@@ -21,10 +24,10 @@ double sum_squares(const float* g, long n) {
     // result is still independent of the thread count.
 #pragma omp simd reduction(+ : s)
     for (long i = i0; i < i1; ++i) s += static_cast<double>(g[i]) * g[i];
-    partial[static_cast<size_t>(blk)] = s;
+    partial[blk] = s;
   }
   double total = 0.0;
-  for (double s : partial) total += s;
+  for (long blk = 0; blk < n_blocks; ++blk) total += partial[blk];
   return total;
 }
 
