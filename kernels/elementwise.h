@@ -11,3 +11,14 @@ void residual_forward(float* out, const float* a, const float* b, long n);
 // dst[i] += src[i].
 void accumulate(float* dst, const float* src, long n);
 }  // namespace tf::cpu
+
+#if defined(TF_WITH_CUDA)
+#include "kernels/cuda_runtime.h"
+namespace tf::cuda {
+// Device versions; pointers are device memory of element type `dt` (math in fp32), on `stream`.
+Status gelu_forward(void* out, const void* inp, long n, DType dt, cudaStream_t stream);
+Status gelu_backward(void* dinp, const void* inp, const void* dout, long n, DType dt, cudaStream_t stream);
+Status residual_forward(void* out, const void* a, const void* b, long n, DType dt, cudaStream_t stream);
+Status accumulate(void* dst, const void* src, long n, DType dt, cudaStream_t stream);
+}  // namespace tf::cuda
+#endif

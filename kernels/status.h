@@ -13,7 +13,11 @@
 #include <string>
 #include <utility>
 
+// nvcc's front end cannot compile fmt's headers (its consteval format-string checks); .cu files see
+// Status without the fmt-based factories and build messages as plain strings.
+#if !defined(__CUDACC__)
 #include <fmt/format.h>
+#endif
 
 namespace tf {
 
@@ -36,6 +40,7 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status OK() { return Status(); }
+#if !defined(__CUDACC__)
   template <typename... Args>
   static Status InvalidArgument(fmt::format_string<Args...> f, Args&&... args) {
     return Status(StatusCode::kInvalidArgument, fmt::format(f, std::forward<Args>(args)...));
@@ -65,6 +70,7 @@ class [[nodiscard]] Status {
     return Status(StatusCode::kInternal, fmt::format(f, std::forward<Args>(args)...));
   }
   // errno-style failure: "<what>: <strerror(err)>".
+#endif
   static Status FromErrno(const std::string& what, int err);
 
   bool ok() const { return code_ == StatusCode::kOk; }
