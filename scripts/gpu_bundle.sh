@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Run on the build machine (CUDA toolkit installed, no GPU needed): builds TrainFlow with the CUDA
+# backend and packs what the GPU check needs into gpu_bundle/ — the trainflow binary, the combined
+# CUDA test binary, the CUDA benchmarks, and every shared library they load that a bare CUDA
+# machine may lack (including this machine's glibc loader, used only if the binaries do not start
+# with the GPU machine's own). cuBLAS/cuBLASLt/cudart's driver come from the GPU machine's toolkit.
+#
+# Usage: scripts/gpu_bundle.sh            then: device run with carry ["gpu_bundle"] and
+#        bash scripts/gpu_check.sh        (see scripts/gpu_check.sh)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+BUILD="${BUILD:-build}"
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTRAINFLOW_CUDA=ON >/dev/null
+cmake --build "$BUILD" -j "$(nproc)" --target trainflow all_cuda_tests
+for src in bench/*_cuda_bench.cpp; do
+  [[ -e "$src" ]] || continue
+  cmake --build "$BUILD" -j "$(nproc)" --target "$(basename "$src" .cpp)"
+done
+
+OUT="$ROOT/gpu_bundle"
+rm -rf "$OUT"
+mkdir -p "$OUT/bin" "$OUT/lib"
+cp "$BUILD/trainflow" "$BUILD/tests/all_cuda_tests" "$OUT/bin/"
+for b in "$BUILD"/bench/*_cuda_bench; do [[ -x "$b" ]] && cp "$b" "$OUT/bin/"; done
+# Shared libraries, except the CUDA driver/toolkit ones the GPU machine provides.
+for bin in "$OUT"/bin/*; do
+  ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libcuda.so*|libcublas*|libcudart*|libnvidia*|libcudnn*|libnccl*) ;;
+      *) cp -Ln "$lib" "$OUT/lib/" 2>/dev/null || true ;;
+    esac
+  done
+done
+cp -L /lib64/ld-linux-x86-64.so.2 "$OUT/lib/"
+strip --strip-unneeded "$OUT"/bin/* 2>/dev/null || true
+du -sh "$OUT"
+echo "gpu_bundle: $(ls "$OUT/bin" | tr '\n' ' ')"

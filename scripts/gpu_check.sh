@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU check, run on a one-GPU machine (e.g. the device tool's H200) from the repository root,
+# with gpu_bundle/ made on the build machine by scripts/gpu_bundle.sh (the GPU machine has the CUDA
+# toolkit but none of Debian's -dev packages, so binaries are built elsewhere and carried).
+#
+#   1. the CUDA-vs-CPU kernel tests (all_cuda_tests),
+#   2. the CUDA kernel benchmarks (achieved GB/s, TFLOP/s against measured peaks),
+#   3. an end-to-end `trainflow bench` of GPT-2 124M at B=16, T=1024 on the GPU (tokens/s, MFU),
+# within ~8 minutes, ending with a short table. The full log goes to $OUT/gpu_check.log
+# (or ./gpu_check.log without $OUT).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUTDIR="${OUT:-$ROOT}"
+LOG="$OUTDIR/gpu_check.log"
+: >"$LOG"
+exec > >(tee -a "$LOG") 2>&1
+B="$ROOT/gpu_bundle"
+declare -a SUMMARY=()
+
+echo "== gpu_check $(date -u +%FT%TZ) on $(hostname)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
+if [[ ! -x "$B/bin/all_cuda_tests" ]]; then
+  echo "gpu_check: error: $B/bin missing: run scripts/gpu_bundle.sh on the build machine and carry gpu_bundle"
+  exit 1
+fi
+
+# CUDA libraries of this machine: the toolkit's lib64 and the driver's libcuda.
+CUDA_LIBS="${CUDA_HOME:-/usr/local/cuda}/lib64"
+libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF; exit}')
+[[ -z "$libcuda" ]] && libcuda=$(ls /usr/local/nvidia/lib64/libcuda.so.1 /usr/lib/x86_64-linux-gnu/libcuda.so.1 2>/dev/null | head -1)
+[[ -n "$libcuda" ]] && CUDA_LIBS="$CUDA_LIBS:$(dirname "$libcuda")"
+echo "CUDA libraries from: $CUDA_LIBS"
+
+# Run a bundled binary: directly with the bundled libraries first; if it cannot start (other
+# glibc), through the bundled glibc loader.
+MODE=direct
+if ! LD_LIBRARY_PATH="$B/lib:$CUDA_LIBS" "$B/bin/trainflow" --version >/dev/null 2>&1; then
+  MODE=loader
+fi
+echo "binaries run: $MODE"
+run() {
+  local bin="$1"; shift
+  if [[ $MODE == direct ]]; then
+    LD_LIBRARY_PATH="$B/lib:$CUDA_LIBS" "$B/bin/$bin" "$@"
+  else
+    "$B/lib/ld-linux-x86-64.so.2" --library-path "$B/lib:$CUDA_LIBS" "$B/bin/$bin" "$@"
+  fi
+}
+
+echo; echo "== 1. CUDA kernel tests"
+timeout 240 bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run all_cuda_tests" 2>&1 \
+  | tee "$OUTDIR/cuda_tests.txt" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" | head -40
+tests_rc=${PIPESTATUS[0]}
+passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
+failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
+skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
+SUMMARY+=("CUDA tests: rc=$tests_rc passed=$passed failed=$failed skipped=$skipped")
+
+echo; echo "== 2. CUDA kernel benchmarks"
+for bench in "$B"/bin/*_cuda_bench; do
+  [[ -x "$bench" ]] || continue
+  name=$(basename "$bench")
+  timeout 150 bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run $name --benchmark_min_time=0.1" \
+    2>&1 | tee "$OUTDIR/$name.txt" | grep -E "^BM_|ceiling|peak" | head -60
+  SUMMARY+=("$name: $(grep -c '^BM_' "$OUTDIR/$name.txt") benchmarks (full table in $name.txt)")
+done
+
+echo; echo "== 3. end-to-end trainflow bench on the GPU"
+if run trainflow bench --help 2>/dev/null | grep -q -- "--device"; then
+  for dt in bf16 fp32; do
+    line=$(timeout 180 bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow bench \
+      --device cuda --dtype $dt --model configs/model/gpt2-124m.json --batch-size 16 --seq-len 1024 --steps 20 --warmup 5" \
+      2>&1 | tee -a "$OUTDIR/e2e.txt" | grep BENCH_RESULT)
+    SUMMARY+=("GPT-2 124M B=16 T=1024 $dt: ${line:-failed (see e2e.txt)}")
+  done
+else
+  SUMMARY+=("end-to-end: this build's trainflow has no --device option yet (GPU model not wired)")
+fi
+
+echo; echo "== summary"
+for s in "${SUMMARY[@]}"; do echo "  $s"; done
