@@ -236,7 +236,7 @@ int RunCli(int argc, char** argv) {
       sum += m.Forward(in.data(), tg.data(), batch, m.max_seq());
     }
     const double loss = sum / std::max(1, batches);
-    fmt::print("eval: {} batches x {} x {} tokens of {}: loss {:.4f} (ppl {:.2f})\n", batches, batch, m.max_seq(),
+    fmt::print("eval: {} batches x {} x {} tokens of {}: loss {:.6f} (ppl {:.2f})\n", batches, batch, m.max_seq(),
                data, loss, std::exp(loss));
     return 0;
   }

@@ -48,6 +48,18 @@ run() {
   fi
 }
 
+echo; echo "== 0. Hugging Face interop (CPU): exported weights load in transformers with the same loss"
+HF=$(mktemp -d)
+if run trainflow prepare --input README.md docs --out-dir "$HF/data" --val-fraction 0 >/dev/null &&
+   run trainflow export --init --seed 3 --model configs/model/byte-tiny.json --out "$HF/model" >/dev/null; then
+  tf_loss=$(run trainflow eval --weights "$HF/model/model.safetensors" --data "$HF/data/train.bin" --batch-size 2 \
+    --seq-len 64 --batches 3 | sed -n 's/.*: loss \([0-9.]*\).*/\1/p')
+  hf_line=$(python3 scripts/hf_interop_check.py "$HF/model" "$HF/data/train.bin" 2 64 3 "$tf_loss" 2>&1 | tail -1)
+  SUMMARY+=("${hf_line:-HF_INTEROP FAIL: no output}")
+else
+  SUMMARY+=("HF_INTEROP FAIL: could not prepare/export")
+fi
+
 echo; echo "== 1. CUDA kernel tests"
 timeout 240 bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run all_cuda_tests" 2>&1 \
   | tee "$OUTDIR/cuda_tests.txt" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" | head -40
