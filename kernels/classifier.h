@@ -12,3 +12,17 @@ void crossentropy_forward_backward(float* logits, float* losses, const int32_t* 
 // Row-wise softmax probabilities of logits[:, :V] for sampling: probs (N,V).
 void softmax_rows(float* probs, const float* logits, int N, int V, int Vp, float temperature);
 }  // namespace tf::cpu
+
+#if defined(TF_WITH_CUDA)
+#include "kernels/cuda_runtime.h"
+namespace tf::cuda {
+// Device version of crossentropy_forward_backward (kernels/classifier.cu) on `stream`, same contract:
+// logits (N,Vp) device memory of element type `dt`, overwritten in place with the gradient (padded
+// columns 0) when dloss != 0 and untouched when dloss == 0; losses (N) fp32; targets (N) int32.
+// One block per row, online max/sum in fp32; probabilities are never stored separately.
+// REQUIRES: 0 <= targets[i] < V (device memory: not checked on the host; an out-of-range target
+// gives a NaN loss and no one-hot term instead of an out-of-bounds read).
+Status crossentropy_forward_backward(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                                     float dloss, DType dt, cudaStream_t stream);
+}  // namespace tf::cuda
+#endif

@@ -16,3 +16,24 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 const char* gemm_engine_name();
 
 }  // namespace tf::cpu
+
+#if defined(TF_WITH_CUDA)
+#include "kernels/cublas_handle.h"
+namespace tf::cuda {
+// Device versions (kernels/matmul.cu): same shapes, layouts and += contracts as tf::cpu above; every
+// pointer is device memory of element type `dt` (math and accumulation in fp32), issued on
+// ctx.stream(). Validates the shape once; returns InvalidArgument for bad shapes or null pointers.
+//
+// out (N,OC) = inp (N,C) @ weight^T + bias; bias may be null. With pre_gelu (N,OC) non-null, the
+// GELU is fused: pre_gelu = inp @ weight^T + bias and out = gelu(pre_gelu) (cuBLASLt's GELU, see
+// matmul.cu for how it compares with math::gelu). REQUIRES: pre_gelu does not alias out.
+Status matmul_forward(CublasContext& ctx, void* out, const void* inp, const void* weight, const void* bias, int N,
+                      int C, int OC, DType dt, void* pre_gelu = nullptr);
+// Accumulates (+=) into dinp (N,C), dweight (OC,C) and dbias (OC); dinp and dbias may be null.
+// dbias_scratch: matmul_dbias_scratch_floats(N, OC) floats of device memory when dbias is non-null
+// (the deterministic column sum's partials), else may be null.
+Status matmul_backward(CublasContext& ctx, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                       const void* weight, int N, int C, int OC, DType dt, float* dbias_scratch);
+long matmul_dbias_scratch_floats(int N, int OC);
+}  // namespace tf::cuda
+#endif

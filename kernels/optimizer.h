@@ -9,3 +9,25 @@ double sum_squares(const float* g, long n);
 void adamw_step(float* params, float* m, float* v, const float* grads, long n, float grad_scale,
                 const math::AdamWParams& h);
 }  // namespace tf::cpu
+
+#if defined(TF_WITH_CUDA)
+#include <cstddef>
+
+#include "kernels/cuda_runtime.h"
+namespace tf::cuda {
+// Device versions (kernels/optimizer.cu) on `stream`; no host synchronisation.
+// *result_device (one device double) = sum of squares of g[0..n) (element type dt). Deterministic:
+// a fixed number of blocks (a function of n only) each sums a fixed grid-stride subset (fp32 per
+// thread, double across the block), then one block adds the partials in a fixed order. scratch is
+// device memory of at least sum_squares_scratch_bytes(n) bytes.
+size_t sum_squares_scratch_bytes(long n);
+Status sum_squares(const void* g, long n, DType dt, double* result_device, void* scratch, size_t scratch_bytes,
+                   cudaStream_t stream);
+// math::adamw_update on the fp32 master weights with gradient grads[i] * grad_scale (grads of type
+// grad_dt); m, v fp32. Then params_out[i] = master[i] rounded to param_dt (the bf16 working copy), or
+// nothing if params_out is null. params_out may equal master (only with param_dt == kF32); it must not
+// otherwise overlap master, m, v or grads.
+Status adamw_step(float* master, float* m, float* v, const void* grads, void* params_out, long n, float grad_scale,
+                  const math::AdamWParams& h, DType grad_dt, DType param_dt, cudaStream_t stream);
+}  // namespace tf::cuda
+#endif

@@ -1,0 +1,349 @@
+// Throughput of the CUDA kernels (kernels/*.cu) at GPT-2 124M training shapes, against the device's
+// measured copy bandwidth.
+//
+// Shapes: B = 16, T = 1024 (N = B*T = 16384 rows), C = 768, vocabulary V = 50257 padded to
+// Vp = 50304, 124,475,904 parameters (padded vocabulary) for the optimizer. Every kernel runs with
+// fp32 and with bf16 storage (arg "bf16").
+//
+// All kernels here are memory-bound, so each reports bytes_per_second from SetBytesProcessed,
+// counting the compulsory traffic (each input read once, each output written once,
+// read-modify-write counted twice; re-reads that the kernel makes from cache are not counted), and
+// "of_copy_bw" = that / the device-to-device cudaMemcpy bandwidth measured once per process (2 x
+// bytes / time over 1 GiB; printed to stderr). The of_copy_bw counter is a rate counter, so the
+// console prints it with a "/s" suffix; it is a plain fraction of the ceiling.
+// Timing: CUDA events around each iteration (UseManualTime), after a warm-up of a few launches.
+// Without a device every benchmark reports "no CUDA device" and is skipped.
+//
+// Run: build/bench/kernels_cuda_bench [--benchmark_filter=LayerNorm] [--benchmark_min_time=0.5s]
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <set>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include "kernels/classifier.h"
+#include "kernels/cuda_runtime.h"
+#include "kernels/encoder.h"
+#include "kernels/layernorm.h"
+#include "kernels/optimizer.h"
+
+namespace tf {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::DType;
+
+constexpr int kB = 16, kT = 1024, kN = kB * kT, kC = 768;
+constexpr int kV = 50257, kVp = 50304, kMaxT = 1024;
+constexpr long kParams = 124'475'904;  // GPT-2 124M with the padded vocabulary
+constexpr int kWarmUpLaunches = 3;
+
+DType ArgDType(const benchmark::State& state) { return state.range(0) != 0 ? DType::kBF16 : DType::kF32; }
+double ElemBytes(DType dt) { return static_cast<double>(cuda::DTypeSize(dt)); }
+
+// ---- Ceiling --------------------------------------------------------------------------------------
+
+// Device-to-device copy bandwidth (bytes read + written per second), best of 5 copies of 1 GiB.
+// 0 if it cannot be measured.
+double CopyBandwidth() {
+  static const double rate = [] {
+    const size_t bytes = size_t(1) << 30;
+    auto a = DeviceBuffer::Allocate(bytes), b = DeviceBuffer::Allocate(bytes);
+    if (!a.ok() || !b.ok()) return 0.0;
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    float best_ms = 1e30f;
+    for (int r = 0; r < 6; ++r) {  // the first copy is a warm-up
+      cudaEventRecord(start, nullptr);
+      cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, nullptr);
+      cudaEventRecord(stop, nullptr);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      if (r > 0) best_ms = std::min(best_ms, ms);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    const double r = 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
+    std::fprintf(stderr, "ceiling: %s, device-to-device copy %.1f GB/s\n", cuda::DeviceDescription(0).c_str(),
+                 r * 1e-9);
+    return r;
+  }();
+  return rate;
+}
+
+void ReportBytes(benchmark::State& state, double bytes_per_iter) {
+  using benchmark::Counter;
+  state.SetBytesProcessed(static_cast<int64_t>(bytes_per_iter * static_cast<double>(state.iterations())));
+  const double ceiling = CopyBandwidth();
+  if (ceiling > 0) state.counters["of_copy_bw"] = Counter(bytes_per_iter / ceiling, Counter::kIsIterationInvariantRate);
+}
+
+// ---- Harness --------------------------------------------------------------------------------------
+
+bool SkipWithoutDevice(benchmark::State& state) {
+  if (cuda::DeviceCount() > 0) return false;
+  state.SkipWithError("no CUDA device");
+  return true;
+}
+
+// Reports a failed Status (or allocation) as a skipped benchmark; true if it failed.
+bool Failed(benchmark::State& state, const Status& s) {
+  if (s.ok()) return false;
+  state.SkipWithError(s.ToString().c_str());
+  return true;
+}
+
+// Times `launch` (which enqueues the kernel(s) on the default stream and returns a Status) with CUDA
+// events, after a few warm-up launches.
+template <typename F>
+void TimeLaunches(benchmark::State& state, F&& launch) {
+  for (int i = 0; i < kWarmUpLaunches; ++i) {
+    if (Failed(state, launch())) return;
+  }
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    state.SkipWithError("warm-up failed");
+    return;
+  }
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (auto _ : state) {
+    cudaEventRecord(start, nullptr);
+    const Status s = launch();
+    cudaEventRecord(stop, nullptr);
+    cudaEventSynchronize(stop);
+    if (Failed(state, s)) break;
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+uint16_t FloatToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (inputs are finite)
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// A device buffer of n elements of `dt` filled with N(0, scale) values: a random block of up to 1M
+// elements uploaded, then repeated by doubling device-to-device copies.
+StatusOr<DeviceBuffer> RandomDevice(size_t n, DType dt, float scale, uint32_t seed) {
+  const size_t es = cuda::DTypeSize(dt);
+  TF_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Allocate(n * es));
+  const size_t block = std::min<size_t>(n, size_t(1) << 20);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> f(block);
+  for (float& x : f) x = dist(rng);
+  char* d = static_cast<char*>(buf.data());
+  if (dt == DType::kF32) {
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, f.data(), block * 4, cudaMemcpyHostToDevice));
+  } else {
+    std::vector<uint16_t> h(block);
+    for (size_t i = 0; i < block; ++i) h[i] = FloatToBf16(f[i]);
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, h.data(), block * 2, cudaMemcpyHostToDevice));
+  }
+  for (size_t done = block; done < n;) {
+    const size_t chunk = std::min(done, n - done);
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(d + done * es, d, chunk * es, cudaMemcpyDeviceToDevice));
+    done += chunk;
+  }
+  return buf;
+}
+
+// Token ids: uniform over [0, V), or log-uniform (p(k) ~ 1/(k+1), a Zipf-like law: the most frequent
+// token takes ~9% of the positions), which exercises encoder_backward's hot-token runs.
+std::vector<int32_t> Tokens(size_t n, int V, bool zipf, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) {
+    const double k = zipf ? std::exp(u(rng) * std::log(V + 1.0)) - 1.0 : u(rng) * V;
+    x = std::clamp(static_cast<int32_t>(k), 0, V - 1);
+  }
+  return v;
+}
+
+StatusOr<DeviceBuffer> UploadInts(const std::vector<int32_t>& v) {
+  TF_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Allocate(v.size() * sizeof(int32_t)));
+  TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(buf.data(), v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return buf;
+}
+
+// Unwraps a StatusOr<DeviceBuffer> into `var`, or skips the benchmark.
+#define TF_BENCH_ASSIGN(var, expr)                        \
+  auto var##_or = (expr);                                 \
+  if (Failed(state, var##_or.status())) return;           \
+  DeviceBuffer var = std::move(var##_or).value()
+
+// ---- Encoder ------------------------------------------------------------------------------------
+
+void BM_CudaEncoderForward(benchmark::State& state) {
+  if (SkipWithoutDevice(state)) return;
+  const DType dt = ArgDType(state);
+  TF_BENCH_ASSIGN(wte, RandomDevice(size_t(kVp) * kC, dt, 0.02f, 1));
+  TF_BENCH_ASSIGN(wpe, RandomDevice(size_t(kMaxT) * kC, dt, 0.01f, 2));
+  TF_BENCH_ASSIGN(out, DeviceBuffer::Allocate(size_t(kN) * kC * cuda::DTypeSize(dt)));
+  TF_BENCH_ASSIGN(inp, UploadInts(Tokens(kN, kV, false, 3)));
+  TimeLaunches(state, [&] {
+    return cuda::encoder_forward(out.data(), inp.as<int32_t>(), wte.data(), wpe.data(), kB, kT, kC, dt, nullptr);
+  });
+  // Reads N rows of wte, T rows of wpe and the ids; writes out.
+  ReportBytes(state, ElemBytes(dt) * (2.0 * kN * kC + kT * kC) + 4.0 * kN);
+}
+BENCHMARK(BM_CudaEncoderForward)->ArgName("bf16")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Args: bf16, zipf (token distribution). Uses the caller-provided scratch, as a training step would.
+void BM_CudaEncoderBackward(benchmark::State& state) {
+  if (SkipWithoutDevice(state)) return;
+  const DType dt = ArgDType(state);
+  const bool zipf = state.range(1) != 0;
+  const auto tokens = Tokens(kN, kV, zipf, 5);
+  TF_BENCH_ASSIGN(dout, RandomDevice(size_t(kN) * kC, dt, 1.0f, 4));
+  TF_BENCH_ASSIGN(dwte, RandomDevice(size_t(kVp) * kC, dt, 1e-3f, 6));
+  TF_BENCH_ASSIGN(dwpe, RandomDevice(size_t(kMaxT) * kC, dt, 1e-3f, 7));
+  TF_BENCH_ASSIGN(inp, UploadInts(tokens));
+  auto scratch_bytes = cuda::encoder_backward_scratch_bytes(kB, kT);
+  if (Failed(state, scratch_bytes.status())) return;
+  TF_BENCH_ASSIGN(scratch, DeviceBuffer::Allocate(*scratch_bytes));
+  TimeLaunches(state, [&] {
+    return cuda::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.as<int32_t>(), kB, kT, kC, dt,
+                                  scratch.data(), *scratch_bytes, nullptr);
+  });
+  const double distinct = static_cast<double>(std::set<int32_t>(tokens.begin(), tokens.end()).size());
+  state.counters["distinct_tokens"] = distinct;
+  // Reads dout and the ids; read-modify-writes one dwte row per distinct token and T rows of dwpe.
+  ReportBytes(state, ElemBytes(dt) * (1.0 * kN * kC + 2.0 * distinct * kC + 2.0 * kT * kC) + 4.0 * kN);
+}
+BENCHMARK(BM_CudaEncoderBackward)
+    ->ArgNames({"bf16", "zipf"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// ---- LayerNorm ----------------------------------------------------------------------------------
+
+void BM_CudaLayerNormForward(benchmark::State& state) {
+  if (SkipWithoutDevice(state)) return;
+  const DType dt = ArgDType(state);
+  TF_BENCH_ASSIGN(inp, RandomDevice(size_t(kN) * kC, dt, 1.0f, 8));
+  TF_BENCH_ASSIGN(w, RandomDevice(kC, dt, 1.0f, 9));
+  TF_BENCH_ASSIGN(b, RandomDevice(kC, dt, 0.1f, 10));
+  TF_BENCH_ASSIGN(out, DeviceBuffer::Allocate(size_t(kN) * kC * cuda::DTypeSize(dt)));
+  TF_BENCH_ASSIGN(stats, DeviceBuffer::Allocate(2 * size_t(kN) * sizeof(float)));
+  TimeLaunches(state, [&] {
+    return cuda::layernorm_forward(out.data(), stats.as<float>(), stats.as<float>() + kN, inp.data(), w.data(),
+                                   b.data(), kN, kC, dt, nullptr);
+  });
+  ReportBytes(state, ElemBytes(dt) * (2.0 * kN * kC + 2.0 * kC) + 8.0 * kN);
+}
+BENCHMARK(BM_CudaLayerNormForward)->ArgName("bf16")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_CudaLayerNormBackward(benchmark::State& state) {
+  if (SkipWithoutDevice(state)) return;
+  const DType dt = ArgDType(state);
+  TF_BENCH_ASSIGN(inp, RandomDevice(size_t(kN) * kC, dt, 1.0f, 11));
+  TF_BENCH_ASSIGN(dout, RandomDevice(size_t(kN) * kC, dt, 1.0f, 12));
+  TF_BENCH_ASSIGN(dinp, RandomDevice(size_t(kN) * kC, dt, 1.0f, 13));
+  TF_BENCH_ASSIGN(w, RandomDevice(kC, dt, 1.0f, 14));
+  TF_BENCH_ASSIGN(b, RandomDevice(kC, dt, 0.1f, 15));
+  TF_BENCH_ASSIGN(dw, RandomDevice(kC, dt, 1.0f, 16));
+  TF_BENCH_ASSIGN(db, RandomDevice(kC, dt, 1.0f, 17));
+  TF_BENCH_ASSIGN(out, DeviceBuffer::Allocate(size_t(kN) * kC * cuda::DTypeSize(dt)));
+  TF_BENCH_ASSIGN(stats, DeviceBuffer::Allocate(2 * size_t(kN) * sizeof(float)));
+  const size_t scratch_bytes = cuda::layernorm_backward_scratch_bytes(kN, kC);
+  TF_BENCH_ASSIGN(scratch, DeviceBuffer::Allocate(scratch_bytes));
+  float* mean = stats.as<float>();
+  float* rstd = mean + kN;
+  if (Failed(state, cuda::layernorm_forward(out.data(), mean, rstd, inp.data(), w.data(), b.data(), kN, kC, dt,
+                                            nullptr))) {
+    return;
+  }
+  TimeLaunches(state, [&] {
+    return cuda::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), mean, rstd,
+                                    kN, kC, dt, scratch.as<float>(), scratch_bytes, nullptr);
+  });
+  // Reads dout, inp, weight, mean, rstd; read-modify-writes dinp, dweight, dbias.
+  ReportBytes(state, ElemBytes(dt) * (4.0 * kN * kC + 5.0 * kC) + 8.0 * kN);
+}
+BENCHMARK(BM_CudaLayerNormBackward)->ArgName("bf16")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// ---- Classifier ---------------------------------------------------------------------------------
+
+// Args: bf16, grad (1 = loss and in-place gradient, the training step; 0 = loss only). With the
+// gradient the logits are overwritten, so later iterations run on the previous gradient; the work
+// does not depend on the values.
+void BM_CudaCrossEntropy(benchmark::State& state) {
+  if (SkipWithoutDevice(state)) return;
+  const DType dt = ArgDType(state);
+  const bool with_grad = state.range(1) != 0;
+  TF_BENCH_ASSIGN(logits, RandomDevice(size_t(kN) * kVp, dt, 3.0f, 18));
+  TF_BENCH_ASSIGN(targets, UploadInts(Tokens(kN, kV, false, 19)));
+  TF_BENCH_ASSIGN(losses, DeviceBuffer::Allocate(size_t(kN) * sizeof(float)));
+  TimeLaunches(state, [&] {
+    return cuda::crossentropy_forward_backward(logits.data(), losses.as<float>(), targets.as<int32_t>(), kN, kV, kVp,
+                                               with_grad ? 1.0f / kN : 0.0f, dt, nullptr);
+  });
+  ReportBytes(state, ElemBytes(dt) * (1.0 * kN * kV + (with_grad ? 1.0 * kN * kVp : 0.0)) + 8.0 * kN);
+}
+BENCHMARK(BM_CudaCrossEntropy)
+    ->ArgNames({"bf16", "grad"})
+    ->ArgsProduct({{0, 1}, {1, 0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// ---- Optimizer (all 124M parameters) ------------------------------------------------------------
+
+void BM_CudaSumSquares(benchmark::State& state) {
+  if (SkipWithoutDevice(state)) return;
+  const DType dt = ArgDType(state);
+  TF_BENCH_ASSIGN(g, RandomDevice(kParams, dt, 1e-3f, 20));
+  const size_t scratch_bytes = cuda::sum_squares_scratch_bytes(kParams);
+  TF_BENCH_ASSIGN(scratch, DeviceBuffer::Allocate(scratch_bytes));
+  TF_BENCH_ASSIGN(result, DeviceBuffer::Allocate(sizeof(double)));
+  TimeLaunches(state, [&] {
+    return cuda::sum_squares(g.data(), kParams, dt, result.as<double>(), scratch.data(), scratch_bytes, nullptr);
+  });
+  ReportBytes(state, ElemBytes(dt) * kParams);
+}
+BENCHMARK(BM_CudaSumSquares)->ArgName("bf16")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// fp32: gradients fp32, params_out aliases the master (no copy). bf16 (mixed precision): gradients
+// bf16, params_out is the bf16 working copy.
+void BM_CudaAdamW(benchmark::State& state) {
+  if (SkipWithoutDevice(state)) return;
+  const DType dt = ArgDType(state);
+  const bool bf16 = dt == DType::kBF16;
+  TF_BENCH_ASSIGN(master, RandomDevice(kParams, DType::kF32, 0.02f, 21));
+  TF_BENCH_ASSIGN(m, RandomDevice(kParams, DType::kF32, 1e-3f, 22));
+  TF_BENCH_ASSIGN(v, DeviceBuffer::Allocate(kParams * sizeof(float)));
+  TF_BENCH_ASSIGN(g, RandomDevice(kParams, dt, 1e-3f, 24));
+  TF_BENCH_ASSIGN(params, DeviceBuffer::Allocate(bf16 ? kParams * sizeof(uint16_t) : 0));
+  // Second moments start at zero (they must be non-negative).
+  if (cudaMemset(v.data(), 0, kParams * sizeof(float)) != cudaSuccess) {
+    state.SkipWithError("cudaMemset failed");
+    return;
+  }
+  const math::AdamWParams h{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f};  // step 1's bias corrections
+  TimeLaunches(state, [&] {
+    return cuda::adamw_step(master.as<float>(), m.as<float>(), v.as<float>(), g.data(),
+                            bf16 ? params.data() : master.data(), kParams, 1.0f, h, dt, dt, nullptr);
+  });
+  // Reads the gradients; read-modify-writes master, m, v; writes the bf16 copy.
+  ReportBytes(state, kParams * (ElemBytes(dt) + 6.0 * sizeof(float) + (bf16 ? 2.0 : 0.0)));
+}
+BENCHMARK(BM_CudaAdamW)->ArgName("bf16")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace tf

@@ -1,0 +1,100 @@
+// CUDA fused softmax + cross-entropy + gradient (kernels/classifier.h), fp32 or bf16 logits.
+//
+// One block per row. Pass 1 reads the row once with an online (running max, running sum of
+// exp(x - max)) pair per thread, in fp32 with math::fast_exp; the pairs are merged by xor-butterfly
+// shuffles within each warp (lane 0's result is used: FMA contraction may make the lanes differ in the
+// last bit), then lane 0s' pairs are merged in warp order by every thread from shared memory: the
+// result is fixed by the row and the launch shape, run to run. The max is
+// exact (order-independent), so the exponentials of pass 2, fast_exp(x - max), are bit-identical to
+// the CPU's; only the sum differs by summation order.
+// Pass 2 (only when dloss != 0) re-reads the row and overwrites it with (softmax - onehot) * dloss,
+// computed as the CPU does (e * (dloss / sum), then - dloss at the target), padded columns 0.
+//
+// Running max starts at -FLT_MAX rather than -inf so that -inf logits give exp(-inf - m) (flushed by
+// fast_exp's clamp to ~1e-38, as on the CPU) and never (-inf) - (-inf) = NaN.
+#include <cfloat>
+
+#include "kernels/classifier.h"
+#include "kernels/cuda_common.cuh"
+#include "kernels/math.h"
+
+namespace tf::cuda {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kBlock = 512;
+constexpr int kWarps = kBlock / 32;
+
+// (m, s) <- merge of (m, s) and (m2, s2): the larger max, and both sums rescaled to it.
+__device__ __forceinline__ void Merge(float& m, float& s, float m2, float s2) {
+  const float mx = m > m2 ? m : m2;
+  s = s * math::fast_exp(m - mx) + s2 * math::fast_exp(m2 - mx);
+  m = mx;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kBlock)
+    CrossEntropyKernel(T* logits, float* losses, const int32_t* targets, int V, int Vp, float dloss) {
+  __shared__ float warp_m[kWarps], warp_s[kWarps];
+  const long row = blockIdx.x;
+  T* z = logits + row * Vp;
+  const int target = targets[row];
+  const bool target_ok = target >= 0 && target < V;
+  // Read before the barriers below, hence before any thread overwrites the row.
+  const float target_logit = threadIdx.x == 0 && target_ok ? ToFloat(z[target]) : NAN;
+
+  float m = -FLT_MAX, s = 0.0f;
+  for (int j = threadIdx.x; j < V; j += kBlock) {
+    const float x = ToFloat(z[j]);
+    if (x > m) {
+      s = s * math::fast_exp(m - x) + 1.0f;
+      m = x;
+    } else {
+      s += math::fast_exp(x - m);  // NaN x lands here and propagates through s
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    Merge(m, s, __shfl_xor_sync(kFullMask, m, offset), __shfl_xor_sync(kFullMask, s, offset));
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_m[warp] = m;
+    warp_s[warp] = s;
+  }
+  __syncthreads();
+  float maxv = warp_m[0], sum = warp_s[0];
+  for (int w = 1; w < kWarps; ++w) Merge(maxv, sum, warp_m[w], warp_s[w]);
+
+  if (threadIdx.x == 0) losses[row] = maxv + logf(sum) - target_logit;
+  if (dloss == 0.0f) return;
+  const float scale = dloss / sum;
+  for (int j = threadIdx.x; j < Vp; j += kBlock) {
+    float g = 0.0f;
+    if (j < V) {
+      g = math::fast_exp(ToFloat(z[j]) - maxv) * scale;
+      if (j == target) g -= dloss;
+    }
+    z[j] = FromFloat<T>(g);
+  }
+}
+
+}  // namespace
+
+Status crossentropy_forward_backward(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                                     float dloss, DType dt, cudaStream_t stream) {
+  if (N < 0 || V <= 0 || Vp < V) {
+    return InvalidArgument("crossentropy_forward_backward: bad shape N=" + std::to_string(N) +
+                           " V=" + std::to_string(V) + " Vp=" + std::to_string(Vp) + " (need N >= 0, 0 < V <= Vp)");
+  }
+  if (N == 0) return Status::OK();
+  if (logits == nullptr || losses == nullptr || targets == nullptr) {
+    return InvalidArgument("crossentropy_forward_backward: null pointer");
+  }
+  return DispatchDType(dt, [&]<typename E>() {
+    CrossEntropyKernel<E><<<N, kBlock, 0, stream>>>(static_cast<E*>(logits), losses, targets, V, Vp, dloss);
+    return TF_CHECK_LAUNCH("CrossEntropyKernel");
+  });
+}
+
+}  // namespace tf::cuda

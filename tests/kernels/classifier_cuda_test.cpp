@@ -1,0 +1,134 @@
+// CUDA fused softmax + cross-entropy (+ in-place gradient) against the CPU backend, fp32 and bf16.
+//
+// Tolerances: losses and gradients use test::Tolerance(dt), except the fp32 gradient, which is
+// (softmax) * dloss with the softmax's denominator a sum of V fp32 exponentials that the CPU (a
+// vectorised sequential sum, V/8 or V/16 terms per SIMD lane) and the GPU (<= 99 terms per thread,
+// then a tree) round differently. That error is a common factor of the whole row, of relative size
+// ~ sqrt(V / lanes / 3) * 2^-24 rms on the CPU's side (<= 3e-6 for V = 50257), so we allow
+// sqrt(V) * 2^-23 (2.7e-5 for V = 50257; the 1e-5 default applies for V <= 7000): about 10 standard
+// deviations. The exponentials
+// themselves are bit-identical (same math::fast_exp of the same argument: the max is exact).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "kernels/classifier.h"
+#include "tests/kernels/cuda_test_util.h"
+
+namespace tf {
+namespace {
+
+using test::DeviceArray;
+
+class DeviceInts {
+ public:
+  explicit DeviceInts(const std::vector<int32_t>& host) {
+    auto b = cuda::DeviceBuffer::Allocate(host.size() * sizeof(int32_t));
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    buf_ = std::move(*b);
+    EXPECT_EQ(cudaMemcpy(buf_.data(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  const int32_t* data() const { return buf_.as<int32_t>(); }
+
+ private:
+  cuda::DeviceBuffer buf_;
+};
+
+std::vector<int32_t> Tokens(size_t n, int V, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(0, V - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+struct Shape {
+  int N, V, Vp;
+};
+std::string Name(const Shape& s, float dloss) {
+  return "N=" + std::to_string(s.N) + " V=" + std::to_string(s.V) + " Vp=" + std::to_string(s.Vp) +
+         " dloss=" + std::to_string(dloss);
+}
+// Odd vocabularies with and without padding, V = 1 (loss 0, gradient 0), GPT-2's padded vocabulary.
+const Shape kShapes[] = {{3, 97, 128}, {5, 97, 97}, {2, 1, 8}, {64, 1000, 1024}, {4, 50257, 50304}};
+
+double GradTolerance(cuda::DType dt, int V) {
+  if (dt == cuda::DType::kBF16) return test::Tolerance(dt);
+  return std::max(test::Tolerance(dt), std::sqrt(static_cast<double>(V)) * 0x1p-23);
+}
+
+class CrossEntropyCuda : public ::testing::TestWithParam<cuda::DType> {};
+
+TEST_P(CrossEntropyCuda, MatchesCpu) {
+  TF_SKIP_WITHOUT_GPU();
+  const cuda::DType dt = GetParam();
+  for (const Shape& s : kShapes) {
+    for (const float dloss : {1.0f / s.N, 0.0f}) {
+      // Padded columns hold garbage (they are never read; with a gradient they are overwritten with 0).
+      auto logits = test::RandomVector(size_t(s.N) * s.Vp, 3.0f, 1);
+      if (dt == cuda::DType::kBF16) logits = test::RoundBf16(logits);  // the device sees rounded logits
+      const auto targets = Tokens(s.N, s.V, 2);
+      DeviceArray g_logits(logits, dt);
+      DeviceInts g_targets(targets);
+      auto losses = DeviceArray::Poisoned(s.N, cuda::DType::kF32);
+      ASSERT_TRUE(cuda::crossentropy_forward_backward(g_logits.data(), static_cast<float*>(losses.data()),
+                                                      g_targets.data(), s.N, s.V, s.Vp, dloss, dt, nullptr)
+                      .ok());
+      auto want = logits;
+      std::vector<float> want_losses(s.N);
+      cpu::crossentropy_forward_backward(want.data(), want_losses.data(), targets.data(), s.N, s.V, s.Vp, dloss);
+      test::ExpectClose(losses.Download(), want_losses, test::Tolerance(dt), "losses " + Name(s, dloss));
+      if (dloss == 0.0f) {
+        // Logits untouched, bit for bit (want == logits here).
+        test::ExpectClose(g_logits.Download(), want, 0.0, "logits untouched " + Name(s, dloss));
+      } else {
+        test::ExpectClose(g_logits.Download(), want, GradTolerance(dt, s.V), "dlogits " + Name(s, dloss));
+      }
+    }
+  }
+}
+
+// Large logits (softmax saturates to one-hot), a -inf logit, and a row of equal logits.
+TEST_P(CrossEntropyCuda, ExtremeRows) {
+  TF_SKIP_WITHOUT_GPU();
+  const cuda::DType dt = GetParam();
+  const Shape s{3, 97, 128};
+  std::vector<float> logits(size_t(s.N) * s.Vp, 0.0f);
+  for (int j = 0; j < s.V; ++j) logits[j] = (j % 7) * 20.0f;  // row 0: spread of 120
+  logits[s.Vp + 5] = -INFINITY;                              // row 1: zeros and one -inf
+  for (int j = 0; j < s.V; ++j) logits[2L * s.Vp + j] = 1.5f;  // row 2: uniform
+  const std::vector<int32_t> targets = {6, 5, 42};
+  DeviceArray g_logits(logits, dt);
+  DeviceInts g_targets(targets);
+  auto losses = DeviceArray::Poisoned(s.N, cuda::DType::kF32);
+  ASSERT_TRUE(cuda::crossentropy_forward_backward(g_logits.data(), static_cast<float*>(losses.data()),
+                                                  g_targets.data(), s.N, s.V, s.Vp, 1.0f, dt, nullptr)
+                  .ok());
+  auto want = logits;
+  std::vector<float> want_losses(s.N);
+  cpu::crossentropy_forward_backward(want.data(), want_losses.data(), targets.data(), s.N, s.V, s.Vp, 1.0f);
+  // Row 1's target is the -inf logit: an infinite loss on both sides; the others are finite.
+  const auto got_losses = losses.Download();
+  EXPECT_TRUE(std::isinf(got_losses[1]) && got_losses[1] > 0) << got_losses[1];
+  EXPECT_TRUE(std::isinf(want_losses[1]) && want_losses[1] > 0) << want_losses[1];
+  for (int i : {0, 2}) EXPECT_NEAR(got_losses[i], want_losses[i], 1e-5 * (1 + std::fabs(want_losses[i]))) << i;
+  test::ExpectClose(g_logits.Download(), want, test::Tolerance(dt), "dlogits extreme rows");
+}
+
+TEST_P(CrossEntropyCuda, RejectsBadShapes) {
+  TF_SKIP_WITHOUT_GPU();
+  const cuda::DType dt = GetParam();
+  EXPECT_FALSE(cuda::crossentropy_forward_backward(nullptr, nullptr, nullptr, 2, 10, 8, 1.0f, dt, nullptr).ok());
+  EXPECT_FALSE(cuda::crossentropy_forward_backward(nullptr, nullptr, nullptr, 2, 0, 8, 1.0f, dt, nullptr).ok());
+  EXPECT_FALSE(cuda::crossentropy_forward_backward(nullptr, nullptr, nullptr, -1, 4, 8, 1.0f, dt, nullptr).ok());
+  EXPECT_TRUE(cuda::crossentropy_forward_backward(nullptr, nullptr, nullptr, 0, 4, 8, 1.0f, dt, nullptr).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, CrossEntropyCuda, ::testing::Values(cuda::DType::kF32, cuda::DType::kBF16),
+                         [](const auto& info) { return std::string(cuda::DTypeName(info.param)); });
+
+}  // namespace
+}  // namespace tf
