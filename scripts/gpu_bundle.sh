@@ -5,8 +5,8 @@
 # machine may lack (including this machine's glibc loader, used only if the binaries do not start
 # with the GPU machine's own). cuBLAS/cuBLASLt/cudart's driver come from the GPU machine's toolkit.
 #
-# Usage: scripts/gpu_bundle.sh            then: device run with carry ["gpu_bundle"] and
-#        bash scripts/gpu_check.sh        (see scripts/gpu_check.sh)
+# Usage: scripts/gpu_bundle.sh            then: device run with carry ["gpu_carry"] and the command
+#        bash scripts/gpu_check.sh        (it unpacks gpu_carry/gpu_bundle.tgz)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -34,5 +34,9 @@ for bin in "$OUT"/bin/*; do
 done
 cp -L /lib64/ld-linux-x86-64.so.2 "$OUT/lib/"
 strip --strip-unneeded "$OUT"/bin/* 2>/dev/null || true
-du -sh "$OUT"
-echo "gpu_bundle: $(ls "$OUT/bin" | tr '\n' ' ')"
+# Carried as one compressed file (the device tool's working-tree limit is 64 MiB; OpenBLAS alone
+# is 36 MB unpacked); gpu_check.sh unpacks it.
+mkdir -p "$ROOT/gpu_carry"
+tar -C "$ROOT" -czf "$ROOT/gpu_carry/gpu_bundle.tgz" gpu_bundle
+du -sh "$OUT" "$ROOT/gpu_carry/gpu_bundle.tgz"
+echo "gpu_bundle: $(ls "$OUT/bin" | tr '\n' ' '); carry gpu_carry (device run carry: [\"gpu_carry\"])"

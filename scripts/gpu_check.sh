@@ -20,6 +20,9 @@ declare -a SUMMARY=()
 
 echo "== gpu_check $(date -u +%FT%TZ) on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
+if [[ -f "$ROOT/gpu_carry/gpu_bundle.tgz" ]]; then
+  tar -C "$ROOT" -xzf "$ROOT/gpu_carry/gpu_bundle.tgz"
+fi
 if [[ ! -x "$B/bin/all_cuda_tests" ]]; then
   echo "gpu_check: error: $B/bin missing: run scripts/gpu_bundle.sh on the build machine and carry gpu_bundle"
   exit 1
