@@ -202,6 +202,9 @@ int RunCli(int argc, char** argv) {
   bench->add_option("--steps", bopt.steps, "Timed steps")->capture_default_str();
   bench->add_option("--warmup", bopt.warmup, "Untimed warm-up steps")->capture_default_str();
   bench->add_option("--threads", bopt.threads, "OpenMP threads (0 = all)")->capture_default_str();
+  bench->add_option("--device", bopt.device, "cpu or cuda")->capture_default_str();
+  bench->add_option("--dtype", bopt.dtype, "CUDA storage type: bf16 or fp32")->capture_default_str();
+  bench->add_option("--peak-tflops", bopt.peak_tflops, "CUDA peak for MFU (default H100/H200 dense: bf16 989, fp32 67)");
   bench->add_flag("--gemm-peak", bopt.gemm_peak, "Also measure the SGEMM ceiling (2048^3, the build's GEMM engine)");
 
   try {
@@ -310,8 +313,9 @@ int RunCli(int argc, char** argv) {
       fmt::print("bench: SGEMM ceiling {:.1f} GFLOP/s ({} 2048^3, median); training step at {:.1f}% of it\n",
                  r->gemm_peak_gflops, cpu::gemm_engine_name(), 100.0 * r->gflops / r->gemm_peak_gflops);
     }
-    fmt::print("BENCH_RESULT ms_per_step={:.3f} tokens_per_s={:.1f} gflops={:.2f} gemm_peak_gflops={:.2f}\n",
-               r->median_ms, r->tokens_per_s, r->gflops, r->gemm_peak_gflops);
+    if (bopt.device == "cuda") fmt::print("bench: {} on CUDA: MFU {:.1f}%\n", bopt.dtype, 100.0 * r->mfu);
+    fmt::print("BENCH_RESULT ms_per_step={:.3f} tokens_per_s={:.1f} gflops={:.2f} gemm_peak_gflops={:.2f} mfu={:.4f}\n",
+               r->median_ms, r->tokens_per_s, r->gflops, r->gemm_peak_gflops, r->mfu);
     return 0;
   }
   return 2;

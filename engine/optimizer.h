@@ -8,14 +8,10 @@
 #include <span>
 
 #include "kernels/buffer.h"
+#include "kernels/optimizer.h"
 #include "model/parameters.h"
 
 namespace tf {
-
-struct AdamWConfig {
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
-  double grad_clip = 1.0;  // 0 disables clipping
-};
 
 class AdamW {
  public:

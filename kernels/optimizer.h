@@ -2,6 +2,14 @@
 #pragma once
 #include "kernels/math.h"
 
+namespace tf {
+// AdamW hyper-parameters that stay fixed during a run (lr comes from the schedule each step).
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double grad_clip = 1.0;  // global-norm clip; 0 disables
+};
+}  // namespace tf
+
 namespace tf::cpu {
 // Sum of squares of g[0..n), accumulated in double.
 double sum_squares(const float* g, long n);

@@ -1,6 +1,7 @@
 #include "model/gpt2.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -78,12 +79,15 @@ GPT2::GPT2(const GPT2Config& config, int max_batch, int max_seq)
   }
 }
 
-void GPT2::InitWeights(uint64_t seed) {
+void GPT2::InitWeights(uint64_t seed) { InitGPT2Weights(config_, seed, params_.span()); }
+
+void InitGPT2Weights(const GPT2Config& config_, uint64_t seed, std::span<float> params) {
+  const ParameterLayout layout_(config_);
   Rng rng(seed);
   const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
-  params_.Zero();
+  std::fill(params.begin(), params.end(), 0.0f);
   for (const ParamTensor& t : layout_.tensors()) {
-    float* p = params_.data() + t.offset;
+    float* p = params.data() + t.offset;
     const bool is_ln_weight = t.name.ends_with("ln_1.weight") || t.name.ends_with("ln_2.weight") ||
                               t.name.ends_with("ln_f.weight");
     if (is_ln_weight) {

@@ -17,6 +17,10 @@
 
 namespace tf {
 
+// GPT-2 initialisation into a flat buffer laid out by ParameterLayout(config) (see InitWeights).
+// REQUIRES: params.size() == ParameterLayout(config).total().
+void InitGPT2Weights(const GPT2Config& config, uint64_t seed, std::span<float> params);
+
 class GPT2 {
  public:
   // Plans activations for up to max_batch x max_seq tokens. REQUIRES: ValidateConfig(config) ok.
