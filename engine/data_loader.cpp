@@ -1,5 +1,9 @@
 #include "engine/data_loader.h"
 
+#include <fmt/format.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "engine/token_file.h"
 
 namespace tf {
@@ -49,7 +53,9 @@ void DataLoader::Load(int64_t i, int32_t* inputs, int32_t* targets) const {
   for (int b = 0; b < B_; ++b) {
     uint64_t start;
     if (shuffle_) {
-      start = Mix(seed_ ^ Mix(static_cast<uint64_t>(g) * 0x100000001b3ULL + static_cast<uint64_t>(b))) % N;
+      // Keyed by the global row index g*B + b, so W ranks with batch B read the rows one rank with
+      // batch W*B reads (data-parallel runs match single-rank runs, shuffled or not).
+      start = Mix(seed_ ^ Mix(static_cast<uint64_t>(g) * static_cast<uint64_t>(B_) + static_cast<uint64_t>(b))) % N;
     } else {
       start = (static_cast<uint64_t>(g) % N * (BT % N) + static_cast<uint64_t>(b) * T_) % N;
     }
@@ -60,6 +66,11 @@ void DataLoader::Load(int64_t i, int32_t* inputs, int32_t* targets) const {
       targets[b * T_ + t] = tokens_[pos];
     }
   }
+}
+
+std::string DataLoader::Fingerprint() const {
+  return fmt::format("{} tokens, xxh64 {:016x}", tokens_.size(),
+                     XXH64(tokens_.data(), tokens_.size() * sizeof(uint16_t), 0));
 }
 
 }  // namespace tf

@@ -4,8 +4,9 @@
 // accumulation micro-steps, on one rank) reads the B*T+1 tokens at (i*B*T + j) mod N, j = 0..B*T:
 // inputs are the first B*T as a row-major (B,T) array, targets the same shifted by one. With world
 // size W, rank r reads global micro-batch i*W + r. With shuffle on, each row b of micro-batch g
-// instead starts at a pseudo-random offset Hash(seed, g, b) mod N (still a pure function of the
-// micro-batch index, so runs resume and reshard exactly).
+// instead starts at a pseudo-random offset Hash(seed, g*B + b) mod N (a pure function of the
+// global row index, so runs resume and reshard exactly, and W ranks with batch B read exactly the
+// rows one rank with batch W*B reads).
 //
 // Owns its copy of the tokens (validated against the vocabulary at Open). Not thread-safe.
 #pragma once
@@ -31,6 +32,8 @@ class DataLoader {
   void Load(int64_t i, int32_t* inputs, int32_t* targets) const;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  // "N tokens, xxh64 <hash>": identifies the data for cross-rank consistency checks.
+  std::string Fingerprint() const;
   int B() const { return B_; }
   int T() const { return T_; }
 

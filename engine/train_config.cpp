@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/codec.h"
+
 namespace tf {
 namespace {
 
@@ -111,6 +113,12 @@ const std::map<std::string, Field>& Fields() {
         }}},
       {"threads", Int(&TrainConfig::threads, 0)},
       {"shuffle", Bool(&TrainConfig::shuffle)},
+      {"device", Str(&TrainConfig::device)},
+      {"dtype", Str(&TrainConfig::dtype)},
+      {"compression", Str(&TrainConfig::compression)},
+      {"bucket_mb", Real(&TrainConfig::bucket_mb, 1e-6, 1e6)},
+      {"first_bucket_mb", Real(&TrainConfig::first_bucket_mb, 1e-6, 1e6)},
+      {"error_feedback", Bool(&TrainConfig::error_feedback)},
   };
   return *fields;
 }
@@ -143,6 +151,19 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
   if (c.tokenizer != "byte" && c.tokenizer != "gpt2") {
     return Status::InvalidArgument("{}: training config key 'tokenizer' must be \"byte\" or \"gpt2\", got '{}'", source,
                                    c.tokenizer);
+  }
+  if (c.device != "auto" && c.device != "cpu" && c.device != "cuda") {
+    return Status::InvalidArgument("{}: training config key 'device' must be \"auto\", \"cpu\" or \"cuda\", got '{}'",
+                                   source, c.device);
+  }
+  if (c.dtype != "bf16" && c.dtype != "fp32") {
+    return Status::InvalidArgument("{}: training config key 'dtype' must be \"bf16\" or \"fp32\", got '{}'", source,
+                                   c.dtype);
+  }
+  if (c.compression != "auto") {
+    if (auto codec = comm::ParseCodec(c.compression); !codec.ok()) {
+      return Status::InvalidArgument("{}: training config key 'compression': {}", source, codec.status().message());
+    }
   }
   if (c.tokens_per_step() > (int64_t{1} << 40)) {
     return Status::InvalidArgument("{}: batch_size x seq_len x grad_accum_steps is too large", source);
@@ -180,7 +201,13 @@ json TrainConfigToJson(const TrainConfig& c) {
           {"init_from", c.init_from},
           {"seed", c.seed},
           {"threads", c.threads},
-          {"shuffle", c.shuffle}};
+          {"shuffle", c.shuffle},
+          {"device", c.device},
+          {"dtype", c.dtype},
+          {"compression", c.compression},
+          {"bucket_mb", c.bucket_mb},
+          {"first_bucket_mb", c.first_bucket_mb},
+          {"error_feedback", c.error_feedback}};
 }
 
 StatusOr<json> ReadJsonFile(const std::string& path, const std::string& what) {

@@ -52,6 +52,17 @@ struct TrainConfig {
   uint64_t seed = 1337;
   int threads = 0;  // OpenMP threads; 0 = all cores
   bool shuffle = false;
+  // Backend: "auto" (cuda when a GPU is visible and the build has CUDA, else cpu), "cpu", "cuda";
+  // dtype of the CUDA backend's parameters/activations/gradients: "bf16" or "fp32".
+  std::string device = "auto";
+  std::string dtype = "bf16";
+  // Data parallelism (comm/, docs/distributed.md): gradient compression codec ("none", "bf16",
+  // "fp16", "int8", "int8-sr", "sign", "topk:D", or "auto" = measure and choose at start),
+  // reducer bucket sizes, and error feedback for lossy codecs.
+  std::string compression = "none";
+  double bucket_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  bool error_feedback = true;
 
   int64_t tokens_per_step() const { return int64_t{batch_size} * seq_len * grad_accum_steps; }
 };

@@ -1,6 +1,7 @@
 #if defined(TF_WITH_CUDA)
 #include "model/gpt2_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -10,6 +11,7 @@
 #include "kernels/classifier.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
+#include "kernels/flash_attention.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 
@@ -34,27 +36,148 @@ float FromBf16(uint16_t h) {
 
 }  // namespace
 
-GPT2Cuda::GPT2Cuda(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype)
-    : config_(config), layout_(config), max_batch_(max_batch), max_seq_(max_seq), dtype_(dtype) {}
+GPT2Cuda::GPT2Cuda(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype, const Options& options)
+    : config_(config),
+      layout_(config),
+      max_batch_(max_batch),
+      max_seq_(max_seq),
+      dtype_(dtype),
+      options_(options) {}
 
 GPT2Cuda::~GPT2Cuda() {
   blas_.reset();
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (backward_done_ != nullptr) cudaEventDestroy(backward_done_);
+  for (cudaStream_t s : {stream_, comm_stream_, copy_stream_}) {
+    if (s != nullptr) cudaStreamDestroy(s);
+  }
 }
 
-StatusOr<std::unique_ptr<GPT2Cuda>> GPT2Cuda::Create(const GPT2Config& config, int max_batch, int max_seq,
-                                                     cuda::DType dtype, int device) {
+Status GPT2Cuda::ValidateOptions(const GPT2Config& config, int max_batch, int max_seq, const Options& options) {
   TF_RETURN_IF_ERROR(ValidateConfig(config));
-  if (cuda::DeviceCount() <= device) {
-    return Status::InvalidArgument("CUDA device {} requested but {} visible", device, cuda::DeviceCount());
-  }
   if (max_batch <= 0 || max_seq <= 0 || max_seq > config.block_size) {
     return Status::InvalidArgument("batch {} / sequence {} invalid for block_size {}", max_batch, max_seq,
                                    config.block_size);
   }
+  if (options.recompute < 0 || options.recompute > 2) {
+    return Status::InvalidArgument("recompute must be 0, 1 or 2, got {}", options.recompute);
+  }
+  if (options.attention != Options::Attention::kGemm && config.head_size() > 128) {
+    return Status::InvalidArgument("flash attention supports head sizes up to 128, this model has {} "
+                                   "(use the GEMM attention)",
+                                   config.head_size());
+  }
+  return Status::OK();
+}
+
+GPT2Cuda::Plan GPT2Cuda::MakePlan(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype,
+                                  const Options& options, size_t encoder_scratch) {
+  const ParameterLayout layout(config);
+  const int64_t P = layout.total();
+  const int64_t L = config.n_layer, C = config.n_embd, NH = config.n_head, Vp = config.padded_vocab_size;
+  const int64_t B = max_batch, T = max_seq, N = B * T;
+  const bool flash = options.attention != Options::Attention::kGemm;
+  const size_t es = cuda::DTypeSize(dtype);
+  Plan p{};
+  // Offsets in elements, each region rounded to 64 elements (128-byte alignment in bf16).
+  int64_t off = 0;
+  auto take = [&](int64_t n) {
+    const int64_t o = off;
+    off += (n + 63) / 64 * 64;
+    return o;
+  };
+  p.ln_stride = options.recompute >= 2 ? 0 : N * C;
+  p.fch_gelu_stride = options.recompute >= 1 ? 0 : N * 4 * C;
+  p.a.encoded = take(N * C);
+  p.a.ln1 = take(options.recompute >= 2 ? N * C : L * N * C);
+  p.a.qkv = take(L * N * 3 * C);
+  p.a.atty = take(L * N * C);
+  p.a.att = flash ? -1 : take(L * B * NH * T * T);
+  p.a.residual2 = take(L * N * C);
+  p.a.ln2 = take(options.recompute >= 2 ? N * C : L * N * C);
+  p.a.fch = take(L * N * 4 * C);
+  p.a.fch_gelu = take(options.recompute >= 1 ? N * 4 * C : L * N * 4 * C);
+  p.a.residual3 = take(L * N * C);
+  p.a.lnf = take(N * C);
+  p.a.logits = take(N * Vp);
+  p.a.forward_end = off;
+  p.a.dresidual = take(N * C);
+  p.a.dln = take(N * C);
+  p.a.datty = take(N * C);
+  p.a.dqkv = take(N * 3 * C);
+  p.a.dfch = take(N * 4 * C);
+  p.a.total = off;
+
+  off = 0;
+  p.s.ln1_mean = take(L * N);
+  p.s.ln1_rstd = take(L * N);
+  p.s.ln2_mean = take(L * N);
+  p.s.ln2_rstd = take(L * N);
+  p.s.lnf_mean = take(N);
+  p.s.lnf_rstd = take(N);
+  p.s.lse = flash ? take(L * B * NH * T) : -1;
+  p.s.losses = take(N);
+  p.s.total = off;
+
+  // One scratch area, sized for the largest user (each kernel uses it only during its call).
+  const int b = static_cast<int>(B), t = static_cast<int>(T), c = static_cast<int>(C), nh = static_cast<int>(NH);
+  size_t need = encoder_scratch;
+  need = std::max(need, cuda::layernorm_backward_scratch_bytes(static_cast<int>(N), c));
+  need = std::max(need, flash ? cuda::flash_attention_backward_scratch_bytes(b, t, nh)
+                              : cuda::attention_scratch_bytes(b, t, c, nh, dtype));
+  need = std::max(need, static_cast<size_t>(cuda::matmul_dbias_scratch_floats(static_cast<int>(N), 4 * c)) * 4);
+  need = std::max(need, cuda::sum_squares_scratch_bytes(P));
+  p.scratch_bytes = (need + 255) / 256 * 256;
+
+  GPT2CudaMemory& m = p.memory;
+  m.params = static_cast<size_t>(P) * es;
+  m.grads = static_cast<size_t>(P) * es;
+  m.master = dtype == DType::kF32 ? 0 : static_cast<size_t>(P) * 4;
+  m.moments = 2 * static_cast<size_t>(P) * 4;
+  m.activations = static_cast<size_t>(p.a.forward_end) * es;
+  m.backward = static_cast<size_t>(p.a.total - p.a.forward_end) * es;
+  m.stats = static_cast<size_t>(p.s.total) * 4;
+  m.scratch = p.scratch_bytes;
+  m.other = 2 * static_cast<size_t>(N) * sizeof(int32_t) + sizeof(double);
+  m.buffers = m.params + m.grads + m.master + m.moments + m.activations + m.backward + m.stats + m.scratch + m.other;
+  m.cublas_workspace = cuda::CublasContext::kWorkspaceBytes;
+  m.total = m.buffers + m.cublas_workspace;
+  return p;
+}
+
+StatusOr<GPT2CudaMemory> GPT2Cuda::EstimateMemory(const GPT2Config& config, int max_batch, int max_seq,
+                                                  cuda::DType dtype, const Options& options) {
+  TF_RETURN_IF_ERROR(ValidateOptions(config, max_batch, max_seq, options));
+  const size_t n = static_cast<size_t>(max_batch) * static_cast<size_t>(max_seq);
+  // Without a device cub's sort cannot be asked for its temporary storage: bound it by the three
+  // int32 arrays, cub's two alternate key/value buffers and 8 MiB of histograms (a few KiB in practice).
+  size_t encoder = 3 * ((n * 4 + 255) / 256 * 256) + 2 * n * 4 + (size_t{8} << 20);
+  if (cuda::DeviceCount() > 0) {
+    TF_ASSIGN_OR_RETURN(encoder, cuda::encoder_backward_scratch_bytes(max_batch, max_seq));
+  }
+  return MakePlan(config, max_batch, max_seq, dtype, options, encoder).memory;
+}
+
+StatusOr<std::unique_ptr<GPT2Cuda>> GPT2Cuda::Create(const GPT2Config& config, int max_batch, int max_seq,
+                                                     cuda::DType dtype, int device) {
+  return Create(config, max_batch, max_seq, dtype, Options{}, device);
+}
+
+StatusOr<std::unique_ptr<GPT2Cuda>> GPT2Cuda::Create(const GPT2Config& config, int max_batch, int max_seq,
+                                                     cuda::DType dtype, const Options& options, int device) {
+  TF_RETURN_IF_ERROR(ValidateOptions(config, max_batch, max_seq, options));
+  if (device < 0 || cuda::DeviceCount() <= device) {
+    return Status::InvalidArgument("CUDA device {} requested but {} visible", device, cuda::DeviceCount());
+  }
   TF_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  std::unique_ptr<GPT2Cuda> m(new GPT2Cuda(config, max_batch, max_seq, dtype));
+  std::unique_ptr<GPT2Cuda> m(new GPT2Cuda(config, max_batch, max_seq, dtype, options));
   TF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking));
+  // The communication stream gets the highest priority, so that gradient reductions issued while
+  // backward is still running are scheduled ahead of the compute kernels.
+  int least = 0, greatest = 0;
+  TF_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  TF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&m->comm_stream_, cudaStreamNonBlocking, greatest));
+  TF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&m->copy_stream_, cudaStreamNonBlocking));
+  TF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m->backward_done_, cudaEventDisableTiming));
   TF_ASSIGN_OR_RETURN(cuda::CublasContext ctx, cuda::CublasContext::Create(m->stream_));
   m->blas_ = std::make_unique<cuda::CublasContext>(std::move(ctx));
   TF_RETURN_IF_ERROR(m->Allocate());
@@ -62,73 +185,33 @@ StatusOr<std::unique_ptr<GPT2Cuda>> GPT2Cuda::Create(const GPT2Config& config, i
 }
 
 Status GPT2Cuda::Allocate() {
+  TF_ASSIGN_OR_RETURN(const size_t encoder, cuda::encoder_backward_scratch_bytes(max_batch_, max_seq_));
+  plan_ = MakePlan(config_, max_batch_, max_seq_, dtype_, options_, encoder);
+  const GPT2CudaMemory& m = plan_.memory;
   const int64_t P = layout_.total();
-  const int64_t L = config_.n_layer, C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size;
-  const int64_t B = max_batch_, T = max_seq_, N = B * T;
-  const size_t es = cuda::DTypeSize(dtype_);
+  const int64_t N = int64_t{max_batch_} * max_seq_;
+  size_t allocated = 0;
   auto alloc = [&](cuda::DeviceBuffer* b, size_t bytes) -> Status {
     TF_ASSIGN_OR_RETURN(*b, cuda::DeviceBuffer::Allocate(bytes));
-    device_bytes_ += bytes;
+    allocated += bytes;
     return Status::OK();
   };
-  TF_RETURN_IF_ERROR(alloc(&params_, P * es));
-  TF_RETURN_IF_ERROR(alloc(&grads_, P * es));
-  if (dtype_ != DType::kF32) TF_RETURN_IF_ERROR(alloc(&master_, P * 4));
-  TF_RETURN_IF_ERROR(alloc(&m_, P * 4));
-  TF_RETURN_IF_ERROR(alloc(&v_, P * 4));
+  TF_RETURN_IF_ERROR(alloc(&params_, m.params));
+  TF_RETURN_IF_ERROR(alloc(&grads_, m.grads));
+  if (m.master > 0) TF_RETURN_IF_ERROR(alloc(&master_, m.master));
+  TF_RETURN_IF_ERROR(alloc(&m_, m.moments / 2));
+  TF_RETURN_IF_ERROR(alloc(&v_, m.moments / 2));
   TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(m_.data(), 0, P * 4, stream_));
   TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(v_.data(), 0, P * 4, stream_));
-
-  // Activations: offsets in elements, each rounded to 64 elements (128-byte alignment for bf16).
-  int64_t off = 0;
-  auto take = [&](int64_t n) {
-    const int64_t o = off;
-    off += (n + 63) / 64 * 64;
-    return o;
-  };
-  a_.encoded = take(N * C);
-  a_.ln1 = take(L * N * C);
-  a_.qkv = take(L * N * 3 * C);
-  a_.atty = take(L * N * C);
-  a_.att = take(L * B * NH * T * T);
-  a_.residual2 = take(L * N * C);
-  a_.ln2 = take(L * N * C);
-  a_.fch = take(L * N * 4 * C);
-  a_.fch_gelu = take(L * N * 4 * C);
-  a_.residual3 = take(L * N * C);
-  a_.lnf = take(N * C);
-  a_.logits = take(N * Vp);
-  a_.dresidual = take(N * C);
-  a_.dln = take(N * C);
-  a_.datty = take(N * C);
-  a_.dqkv = take(N * 3 * C);
-  a_.dfch = take(N * 4 * C);
-  TF_RETURN_IF_ERROR(alloc(&acts_, off * es));
-
-  off = 0;
-  s_.ln1_mean = take(L * N);
-  s_.ln1_rstd = take(L * N);
-  s_.ln2_mean = take(L * N);
-  s_.ln2_rstd = take(L * N);
-  s_.lnf_mean = take(N);
-  s_.lnf_rstd = take(N);
-  s_.losses = take(N);
-  TF_RETURN_IF_ERROR(alloc(&stats_, off * 4));
+  TF_RETURN_IF_ERROR(alloc(&acts_, m.activations + m.backward));
+  TF_RETURN_IF_ERROR(alloc(&stats_, m.stats));
   TF_RETURN_IF_ERROR(alloc(&tokens_, 2 * N * sizeof(int32_t)));
   TF_RETURN_IF_ERROR(alloc(&norm_, sizeof(double)));
-
-  // One scratch area, sized for the largest user (each kernel uses it only during its call).
-  TF_ASSIGN_OR_RETURN(size_t enc, cuda::encoder_backward_scratch_bytes(static_cast<int>(B), static_cast<int>(T)));
-  size_t need = enc;
-  need = std::max(need, cuda::layernorm_backward_scratch_bytes(static_cast<int>(N), static_cast<int>(C)));
-  need = std::max(need, cuda::attention_scratch_bytes(static_cast<int>(B), static_cast<int>(T), static_cast<int>(C),
-                                                      static_cast<int>(NH), dtype_));
-  need = std::max(need, static_cast<size_t>(cuda::matmul_dbias_scratch_floats(static_cast<int>(N),
-                                                                              static_cast<int>(4 * C))) *
-                            4);
-  need = std::max(need, cuda::sum_squares_scratch_bytes(P));
-  scratch_bytes_ = (need + 255) / 256 * 256;
-  TF_RETURN_IF_ERROR(alloc(&scratch_, scratch_bytes_));
+  TF_RETURN_IF_ERROR(alloc(&scratch_, plan_.scratch_bytes));
+  if (allocated != m.buffers) {
+    return Status::Internal("GPT2Cuda: allocated {} bytes but the plan says {}", allocated, m.buffers);
+  }
+  memory_ = m;
   host_losses_.resize(static_cast<size_t>(N));
   TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return Status::OK();
@@ -176,35 +259,73 @@ Status GPT2Cuda::ZeroGrad() {
   return Status::OK();
 }
 
+Status GPT2Cuda::AttentionForward(int l, int B, int T) {
+  const int C = config_.n_embd, NH = config_.n_head;
+  const int64_t NC = int64_t{B} * T * C;
+  void* qkv = At(acts_, plan_.a.qkv + l * NC * 3);
+  void* atty = At(acts_, plan_.a.atty + l * NC);
+  if (options_.attention == Options::Attention::kGemm) {
+    void* att = At(acts_, plan_.a.att + int64_t{l} * B * NH * T * T);
+    return cuda::attention_forward(*blas_, atty, att, qkv, B, T, C, NH, dtype_, scratch_.data());
+  }
+  float* lse = stats_.as<float>() + plan_.s.lse + int64_t{l} * B * NH * T;
+  const cuda::FlashImpl impl =
+      options_.attention == Options::Attention::kFlashSimt ? cuda::FlashImpl::kSimt : cuda::FlashImpl::kAuto;
+  return cuda::flash_attention_forward(atty, lse, qkv, B, T, C, NH, dtype_, stream_, impl);
+}
+
+Status GPT2Cuda::AttentionBackward(int l, int B, int T) {
+  const int C = config_.n_embd, NH = config_.n_head;
+  const int64_t NC = int64_t{B} * T * C;
+  void* qkv = At(acts_, plan_.a.qkv + l * NC * 3);
+  void* atty = At(acts_, plan_.a.atty + l * NC);
+  void* datty = At(acts_, plan_.a.datty);
+  void* dqkv = At(acts_, plan_.a.dqkv);
+  if (options_.attention == Options::Attention::kGemm) {
+    void* att = At(acts_, plan_.a.att + int64_t{l} * B * NH * T * T);
+    return cuda::attention_backward(*blas_, dqkv, datty, qkv, att, B, T, C, NH, dtype_, scratch_.data());
+  }
+  const float* lse = stats_.as<float>() + plan_.s.lse + int64_t{l} * B * NH * T;
+  const cuda::FlashImpl impl =
+      options_.attention == Options::Attention::kFlashSimt ? cuda::FlashImpl::kSimt : cuda::FlashImpl::kAuto;
+  return cuda::flash_attention_backward(dqkv, datty, qkv, atty, lse, B, T, C, NH, dtype_, scratch_.data(),
+                                        plan_.scratch_bytes, stream_, impl);
+}
+
 Status GPT2Cuda::RunForward(int B, int T) {
-  const int C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size;
+  const int C = config_.n_embd, Vp = config_.padded_vocab_size;
   const int64_t N = int64_t{B} * T, NC = N * C;
+  const Plan::Acts& a = plan_.a;
+  const Plan::Stats& st = plan_.s;
   const auto& tensors = layout_.tensors();
   const int32_t* inputs = tokens_.as<int32_t>();
   float* stats = stats_.as<float>();
   cuda::CublasContext& ctx = *blas_;
   auto W = [&](size_t index) { return At(params_, tensors[index].offset); };
-  TF_RETURN_IF_ERROR(cuda::encoder_forward(At(acts_, a_.encoded), inputs, W(0), W(1), B, T, C, dtype_, stream_));
-  void* residual = At(acts_, a_.encoded);
+  // Per-layer strides of the recomputable activations, for the current N (0: one shared buffer).
+  const int64_t ln_stride = plan_.ln_stride == 0 ? 0 : NC;
+  const int64_t gelu_stride = plan_.fch_gelu_stride == 0 ? 0 : NC * 4;
+  TF_RETURN_IF_ERROR(cuda::encoder_forward(At(acts_, a.encoded), inputs, W(0), W(1), B, T, C, dtype_, stream_));
+  void* residual = At(acts_, a.encoded);
   for (int l = 0; l < config_.n_layer; ++l) {
-    const size_t p = 2 + 12 * static_cast<size_t>(l);  // ln_1.w, ln_1.b, qkv.w, qkv.b, proj.w, proj.b, ln_2.w,b, fc.w,b, fcproj.w,b
-    void* ln1 = At(acts_, a_.ln1 + l * NC);
-    void* qkv = At(acts_, a_.qkv + l * NC * 3);
-    void* atty = At(acts_, a_.atty + l * NC);
-    void* att = At(acts_, a_.att + int64_t{l} * B * NH * T * T);
-    void* residual2 = At(acts_, a_.residual2 + l * NC);
-    void* ln2 = At(acts_, a_.ln2 + l * NC);
-    void* fch = At(acts_, a_.fch + l * NC * 4);
-    void* fch_gelu = At(acts_, a_.fch_gelu + l * NC * 4);
-    void* residual3 = At(acts_, a_.residual3 + l * NC);
-    TF_RETURN_IF_ERROR(cuda::layernorm_forward(ln1, stats + s_.ln1_mean + l * N, stats + s_.ln1_rstd + l * N,
+    // Block tensors from p: ln_1.w, ln_1.b, qkv.w, qkv.b, proj.w, proj.b, ln_2.w,b, fc.w,b, fcproj.w,b.
+    const size_t p = 2 + 12 * static_cast<size_t>(l);
+    void* ln1 = At(acts_, a.ln1 + l * ln_stride);
+    void* qkv = At(acts_, a.qkv + l * NC * 3);
+    void* atty = At(acts_, a.atty + l * NC);
+    void* residual2 = At(acts_, a.residual2 + l * NC);
+    void* ln2 = At(acts_, a.ln2 + l * ln_stride);
+    void* fch = At(acts_, a.fch + l * NC * 4);
+    void* fch_gelu = At(acts_, a.fch_gelu + l * gelu_stride);
+    void* residual3 = At(acts_, a.residual3 + l * NC);
+    TF_RETURN_IF_ERROR(cuda::layernorm_forward(ln1, stats + st.ln1_mean + l * N, stats + st.ln1_rstd + l * N,
                                                residual, W(p), W(p + 1), static_cast<int>(N), C, dtype_, stream_));
     TF_RETURN_IF_ERROR(cuda::matmul_forward(ctx, qkv, ln1, W(p + 2), W(p + 3), static_cast<int>(N), C, 3 * C, dtype_));
-    TF_RETURN_IF_ERROR(cuda::attention_forward(ctx, atty, att, qkv, B, T, C, NH, dtype_, scratch_.data()));
+    TF_RETURN_IF_ERROR(AttentionForward(l, B, T));
     TF_RETURN_IF_ERROR(
         cuda::matmul_forward(ctx, residual2, atty, W(p + 4), W(p + 5), static_cast<int>(N), C, C, dtype_));
     TF_RETURN_IF_ERROR(cuda::accumulate(residual2, residual, NC, dtype_, stream_));
-    TF_RETURN_IF_ERROR(cuda::layernorm_forward(ln2, stats + s_.ln2_mean + l * N, stats + s_.ln2_rstd + l * N,
+    TF_RETURN_IF_ERROR(cuda::layernorm_forward(ln2, stats + st.ln2_mean + l * N, stats + st.ln2_rstd + l * N,
                                                residual2, W(p + 6), W(p + 7), static_cast<int>(N), C, dtype_,
                                                stream_));
     // Unfused GELU: exactly math::gelu (the tanh form), which the backward differentiates.
@@ -216,20 +337,23 @@ Status GPT2Cuda::RunForward(int B, int T) {
     residual = residual3;
   }
   const size_t f = tensors.size() - 2;
-  TF_RETURN_IF_ERROR(cuda::layernorm_forward(At(acts_, a_.lnf), stats + s_.lnf_mean, stats + s_.lnf_rstd, residual,
+  TF_RETURN_IF_ERROR(cuda::layernorm_forward(At(acts_, a.lnf), stats + st.lnf_mean, stats + st.lnf_rstd, residual,
                                              W(f), W(f + 1), static_cast<int>(N), C, dtype_, stream_));
-  return cuda::matmul_forward(ctx, At(acts_, a_.logits), At(acts_, a_.lnf), W(0), nullptr, static_cast<int>(N), C,
+  return cuda::matmul_forward(ctx, At(acts_, a.logits), At(acts_, a.lnf), W(0), nullptr, static_cast<int>(N), C,
                               Vp, dtype_);
 }
 
 Status GPT2Cuda::RunBackward(int B, int T) {
-  const int C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size;
+  const int C = config_.n_embd, Vp = config_.padded_vocab_size;
   const int64_t N = int64_t{B} * T, NC = N * C;
   const size_t es = cuda::DTypeSize(dtype_);
+  const Plan::Acts& a = plan_.a;
+  const Plan::Stats& st = plan_.s;
   const auto& tensors = layout_.tensors();
   const int32_t* inputs = tokens_.as<int32_t>();
   float* stats = stats_.as<float>();
   float* scratch_f = scratch_.as<float>();
+  const size_t scratch_bytes = plan_.scratch_bytes;
   cuda::CublasContext& ctx = *blas_;
   auto W = [&](size_t index) { return At(params_, tensors[index].offset); };
   auto G = [&](size_t index) { return At(grads_, tensors[index].offset); };
@@ -237,60 +361,70 @@ Status GPT2Cuda::RunBackward(int B, int T) {
     TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(At(acts_, act_offset), 0, n * es, stream_));
     return Status::OK();
   };
-  void* dresidual = At(acts_, a_.dresidual);
-  void* dln = At(acts_, a_.dln);
+  const int64_t ln_stride = plan_.ln_stride == 0 ? 0 : NC;
+  const int64_t gelu_stride = plan_.fch_gelu_stride == 0 ? 0 : NC * 4;
+  void* dresidual = At(acts_, a.dresidual);
+  void* dln = At(acts_, a.dln);
   const int n = static_cast<int>(N);
 
   // LM head (tied): dlnf = dlogits @ wte; dwte += dlogits^T @ lnf.
-  TF_RETURN_IF_ERROR(zero(a_.dln, NC));
-  TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dln, G(0), nullptr, At(acts_, a_.logits), At(acts_, a_.lnf), W(0), n,
+  TF_RETURN_IF_ERROR(zero(a.dln, NC));
+  TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dln, G(0), nullptr, At(acts_, a.logits), At(acts_, a.lnf), W(0), n,
                                            C, Vp, dtype_, nullptr));
-  TF_RETURN_IF_ERROR(zero(a_.dresidual, NC));
+  TF_RETURN_IF_ERROR(zero(a.dresidual, NC));
   const size_t f = tensors.size() - 2;
-  void* last = config_.n_layer > 0 ? At(acts_, a_.residual3 + (config_.n_layer - 1) * NC) : At(acts_, a_.encoded);
-  TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(f), G(f + 1), dln, last, W(f), stats + s_.lnf_mean,
-                                              stats + s_.lnf_rstd, n, C, dtype_, scratch_f, scratch_bytes_, stream_));
+  void* last = config_.n_layer > 0 ? At(acts_, a.residual3 + (config_.n_layer - 1) * NC) : At(acts_, a.encoded);
+  TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(f), G(f + 1), dln, last, W(f), stats + st.lnf_mean,
+                                              stats + st.lnf_rstd, n, C, dtype_, scratch_f, scratch_bytes, stream_));
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     const size_t p = 2 + 12 * static_cast<size_t>(l);
-    void* residual = l == 0 ? At(acts_, a_.encoded) : At(acts_, a_.residual3 + (l - 1) * NC);
-    void* ln1 = At(acts_, a_.ln1 + l * NC);
-    void* qkv = At(acts_, a_.qkv + l * NC * 3);
-    void* atty = At(acts_, a_.atty + l * NC);
-    void* att = At(acts_, a_.att + int64_t{l} * B * NH * T * T);
-    void* residual2 = At(acts_, a_.residual2 + l * NC);
-    void* ln2 = At(acts_, a_.ln2 + l * NC);
-    void* fch = At(acts_, a_.fch + l * NC * 4);
-    void* fch_gelu = At(acts_, a_.fch_gelu + l * NC * 4);
-    void* dfch = At(acts_, a_.dfch);
-    void* datty = At(acts_, a_.datty);
-    void* dqkv = At(acts_, a_.dqkv);
-    TF_RETURN_IF_ERROR(zero(a_.dfch, NC * 4));
+    void* residual = l == 0 ? At(acts_, a.encoded) : At(acts_, a.residual3 + (l - 1) * NC);
+    void* ln1 = At(acts_, a.ln1 + l * ln_stride);
+    void* atty = At(acts_, a.atty + l * NC);
+    void* residual2 = At(acts_, a.residual2 + l * NC);
+    void* ln2 = At(acts_, a.ln2 + l * ln_stride);
+    void* fch = At(acts_, a.fch + l * NC * 4);
+    void* fch_gelu = At(acts_, a.fch_gelu + l * gelu_stride);
+    void* dfch = At(acts_, a.dfch);
+    void* datty = At(acts_, a.datty);
+    void* dqkv = At(acts_, a.dqkv);
+    // Recomputation re-runs the forward kernels on the same inputs: bit-identical activations.
+    if (options_.recompute >= 1) TF_RETURN_IF_ERROR(cuda::gelu_forward(fch_gelu, fch, NC * 4, dtype_, stream_));
+    TF_RETURN_IF_ERROR(zero(a.dfch, NC * 4));
     TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dfch, G(p + 10), G(p + 11), dresidual, fch_gelu, W(p + 10), n,
                                              4 * C, C, dtype_, scratch_f));
     TF_RETURN_IF_ERROR(cuda::gelu_backward(dfch, fch, dfch, NC * 4, dtype_, stream_));
-    TF_RETURN_IF_ERROR(zero(a_.dln, NC));
+    if (options_.recompute >= 2) {
+      TF_RETURN_IF_ERROR(cuda::layernorm_forward(ln2, nullptr, nullptr, residual2, W(p + 6), W(p + 7), n, C, dtype_,
+                                                 stream_));
+    }
+    TF_RETURN_IF_ERROR(zero(a.dln, NC));
     TF_RETURN_IF_ERROR(
         cuda::matmul_backward(ctx, dln, G(p + 8), G(p + 9), dfch, ln2, W(p + 8), n, C, 4 * C, dtype_, scratch_f));
     TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(p + 6), G(p + 7), dln, residual2, W(p + 6),
-                                                stats + s_.ln2_mean + l * N, stats + s_.ln2_rstd + l * N, n, C,
-                                                dtype_, scratch_f, scratch_bytes_, stream_));
-    TF_RETURN_IF_ERROR(zero(a_.datty, NC));
+                                                stats + st.ln2_mean + l * N, stats + st.ln2_rstd + l * N, n, C,
+                                                dtype_, scratch_f, scratch_bytes, stream_));
+    TF_RETURN_IF_ERROR(zero(a.datty, NC));
     TF_RETURN_IF_ERROR(
         cuda::matmul_backward(ctx, datty, G(p + 4), G(p + 5), dresidual, atty, W(p + 4), n, C, C, dtype_, scratch_f));
-    TF_RETURN_IF_ERROR(cuda::attention_backward(ctx, dqkv, datty, qkv, att, B, T, C, NH, dtype_, scratch_.data()));
-    TF_RETURN_IF_ERROR(zero(a_.dln, NC));
+    TF_RETURN_IF_ERROR(AttentionBackward(l, B, T));  // dqkv overwritten
+    if (options_.recompute >= 2) {
+      TF_RETURN_IF_ERROR(
+          cuda::layernorm_forward(ln1, nullptr, nullptr, residual, W(p), W(p + 1), n, C, dtype_, stream_));
+    }
+    TF_RETURN_IF_ERROR(zero(a.dln, NC));
     TF_RETURN_IF_ERROR(
         cuda::matmul_backward(ctx, dln, G(p + 2), G(p + 3), dqkv, ln1, W(p + 2), n, C, 3 * C, dtype_, scratch_f));
     TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(p), G(p + 1), dln, residual, W(p),
-                                                stats + s_.ln1_mean + l * N, stats + s_.ln1_rstd + l * N, n, C,
-                                                dtype_, scratch_f, scratch_bytes_, stream_));
+                                                stats + st.ln1_mean + l * N, stats + st.ln1_rstd + l * N, n, C,
+                                                dtype_, scratch_f, scratch_bytes, stream_));
   }
-  return cuda::encoder_backward(G(0), G(1), dresidual, inputs, B, T, C, dtype_, scratch_.data(), scratch_bytes_,
+  return cuda::encoder_backward(G(0), G(1), dresidual, inputs, B, T, C, dtype_, scratch_.data(), scratch_bytes,
                                 stream_);
 }
 
 StatusOr<float> GPT2Cuda::MeanLoss(int N) {
-  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_losses_.data(), stats_.as<float>() + s_.losses, N * sizeof(float),
+  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_losses_.data(), stats_.as<float>() + plan_.s.losses, N * sizeof(float),
                                           cudaMemcpyDeviceToHost, stream_));
   TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   double sum = 0;
@@ -299,13 +433,15 @@ StatusOr<float> GPT2Cuda::MeanLoss(int N) {
 }
 
 StatusOr<float> GPT2Cuda::Forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
-  if (B > max_batch_ || T > max_seq_) return Status::InvalidArgument("batch {}x{} exceeds the plan", B, T);
+  if (B <= 0 || T <= 0 || B > max_batch_ || T > max_seq_) {
+    return Status::InvalidArgument("batch {}x{} outside the plan ({}x{})", B, T, max_batch_, max_seq_);
+  }
   const int N = B * T;
   int32_t* dev = tokens_.as<int32_t>();
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, inputs, N * 4, cudaMemcpyHostToDevice, stream_));
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev + N, targets, N * 4, cudaMemcpyHostToDevice, stream_));
   TF_RETURN_IF_ERROR(RunForward(B, T));
-  TF_RETURN_IF_ERROR(cuda::crossentropy_forward_backward(At(acts_, a_.logits), stats_.as<float>() + s_.losses,
+  TF_RETURN_IF_ERROR(cuda::crossentropy_forward_backward(At(acts_, plan_.a.logits), stats_.as<float>() + plan_.s.losses,
                                                          dev + N, N, config_.vocab_size, config_.padded_vocab_size,
                                                          0.0f, dtype_, stream_));
   return MeanLoss(N);
@@ -313,23 +449,26 @@ StatusOr<float> GPT2Cuda::Forward(const int32_t* inputs, const int32_t* targets,
 
 StatusOr<float> GPT2Cuda::ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int T,
                                           float grad_scale) {
-  if (B > max_batch_ || T > max_seq_) return Status::InvalidArgument("batch {}x{} exceeds the plan", B, T);
+  if (B <= 0 || T <= 0 || B > max_batch_ || T > max_seq_) {
+    return Status::InvalidArgument("batch {}x{} outside the plan ({}x{})", B, T, max_batch_, max_seq_);
+  }
   const int N = B * T;
   int32_t* dev = tokens_.as<int32_t>();
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, inputs, N * 4, cudaMemcpyHostToDevice, stream_));
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev + N, targets, N * 4, cudaMemcpyHostToDevice, stream_));
   TF_RETURN_IF_ERROR(RunForward(B, T));
-  TF_RETURN_IF_ERROR(cuda::crossentropy_forward_backward(At(acts_, a_.logits), stats_.as<float>() + s_.losses,
+  TF_RETURN_IF_ERROR(cuda::crossentropy_forward_backward(At(acts_, plan_.a.logits), stats_.as<float>() + plan_.s.losses,
                                                          dev + N, N, config_.vocab_size, config_.padded_vocab_size,
                                                          grad_scale / static_cast<float>(N), dtype_, stream_));
   TF_RETURN_IF_ERROR(RunBackward(B, T));
+  TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(backward_done_, stream_));
   return MeanLoss(N);
 }
 
 StatusOr<float> GPT2Cuda::Step(const AdamWConfig& c, double lr, int64_t t) {
   const int64_t P = layout_.total();
-  TF_RETURN_IF_ERROR(cuda::sum_squares(grads_.data(), P, dtype_, norm_.as<double>(), scratch_.data(), scratch_bytes_,
-                                       stream_));
+  TF_RETURN_IF_ERROR(cuda::sum_squares(grads_.data(), P, dtype_, norm_.as<double>(), scratch_.data(),
+                                       plan_.scratch_bytes, stream_));
   double sq = 0;
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&sq, norm_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
   TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));

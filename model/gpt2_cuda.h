@@ -4,8 +4,23 @@
 // storage dtype is fp32 (for checking against the CPU) or bf16 (mixed precision: bf16 parameters,
 // activations and gradients; fp32 master weights and AdamW moments; fp32 accumulation).
 //
-// Ownership: owns every device buffer, the stream and the cuBLAS context. Not copyable.
-// Thread safety: none; one host thread drives it. Only built with the CUDA backend.
+// Options (GPT2CudaOptions): the attention implementation (fused flash kernels by default, which
+// store only a (B,NH,T) log-sum-exp per layer, or the GEMM baseline, which stores the (B,NH,T,T)
+// probabilities) and activation recomputation (0: store everything; 1: recompute the GELU output
+// in backward from the stored pre-activation; 2: also recompute the LayerNorm outputs ln1/ln2 from
+// the stored residual stream). Recomputation re-runs the forward kernels on the same inputs, so the
+// results are bit-identical to recompute 0; it trades one GELU (and two LayerNorm) kernel per layer
+// for the memory of those activations. EstimateMemory() gives the device bytes of a plan without a
+// device.
+//
+// Streams: compute_stream() runs every kernel of the model; comm_stream() (data-parallel gradient
+// reduction) and copy_stream() (checkpoint snapshots) are created at Create() for the engine's use
+// and never used by the model itself. Work on them is ordered against the compute stream with
+// events, e.g. cudaStreamWaitEvent(comm_stream(), backward_done_event()).
+//
+// Ownership: owns every device buffer, the three streams, the event and the cuBLAS context. Not
+// copyable. Thread safety: none; one host thread drives it (other threads may only use the
+// streams/pointers handed out, with their own synchronisation). Only built with the CUDA backend.
 #pragma once
 #if defined(TF_WITH_CUDA)
 #include <cstdint>
@@ -21,10 +36,50 @@
 
 namespace tf {
 
+struct GPT2CudaOptions {
+  enum class Attention {
+    kFlash,      // kernels/flash_attention.h: tensor cores for bf16 with head size 64/128, else SIMT
+    kFlashSimt,  // the flash kernels' SIMT implementation only (reference / fallback)
+    kGemm,       // kernels/attention.h: cuBLAS GEMMs, (L,B,NH,T,T) probabilities stored
+  };
+  Attention attention = Attention::kFlash;
+  // 0: store every activation; 1: recompute GELU(fch) in backward; 2: also ln1 and ln2.
+  int recompute = 0;
+};
+
+// Device bytes of a GPT2Cuda plan, by purpose. `buffers` is what Create() allocates itself
+// (== device_bytes()); `total` adds the cuBLAS workspace. Neither counts the CUDA context (~0.5 GB
+// per process on a Hopper, driver-dependent) or allocator fragmentation.
+struct GPT2CudaMemory {
+  size_t params = 0;       // parameters in the storage dtype
+  size_t grads = 0;        // gradients in the storage dtype
+  size_t master = 0;       // fp32 master weights (0 in fp32 mode: the parameters are the master)
+  size_t moments = 0;      // AdamW m and v, fp32
+  size_t activations = 0;  // forward activations kept for backward (storage dtype), incl. logits
+  size_t backward = 0;     // per-layer backward buffers reused by every layer (dresidual, dln, datty, dqkv, dfch)
+  size_t stats = 0;        // fp32: LayerNorm mean/rstd, attention log-sum-exp, losses
+  size_t scratch = 0;      // the kernels' shared scratch area
+  size_t other = 0;        // token ids, the norm result
+  size_t buffers = 0;      // sum of the above
+  size_t cublas_workspace = 0;
+  size_t total = 0;  // buffers + cublas_workspace
+};
+
 class GPT2Cuda {
  public:
+  using Options = GPT2CudaOptions;
+
+  // REQUIRES: 0 < max_batch, 0 < max_seq <= config.block_size; with flash attention the head size
+  // is at most 128 (InvalidArgument otherwise). Allocates everything up front (no allocation later).
+  static StatusOr<std::unique_ptr<GPT2Cuda>> Create(const GPT2Config& config, int max_batch, int max_seq,
+                                                    cuda::DType dtype, const Options& options, int device = 0);
+  // Default options (flash attention, no recomputation).
   static StatusOr<std::unique_ptr<GPT2Cuda>> Create(const GPT2Config& config, int max_batch, int max_seq,
                                                     cuda::DType dtype, int device = 0);
+  // The device bytes Create() would allocate for this plan, computed on the host (no device needed;
+  // with a device, the embedding backward's sort scratch is queried exactly, else bounded above).
+  static StatusOr<GPT2CudaMemory> EstimateMemory(const GPT2Config& config, int max_batch, int max_seq,
+                                                 cuda::DType dtype, const Options& options);
   ~GPT2Cuda();
   GPT2Cuda(const GPT2Cuda&) = delete;
   GPT2Cuda& operator=(const GPT2Cuda&) = delete;
@@ -32,7 +87,12 @@ class GPT2Cuda {
   const GPT2Config& config() const { return config_; }
   const ParameterLayout& layout() const { return layout_; }
   cuda::DType dtype() const { return dtype_; }
-  size_t device_bytes() const { return device_bytes_; }
+  const Options& options() const { return options_; }
+  // Bytes of the device buffers Create() allocated (== memory().buffers).
+  size_t device_bytes() const { return memory_.buffers; }
+  const GPT2CudaMemory& memory() const { return memory_; }
+  // Bytes of the forward activations kept for backward (memory().activations + the LN/attention stats).
+  size_t activation_bytes() const { return memory_.activations + memory_.stats; }
 
   // Host fp32 parameters (ParameterLayout order) -> device master weights and the dtype copy.
   Status LoadParams(std::span<const float> host);
@@ -44,16 +104,64 @@ class GPT2Cuda {
   Status ZeroGrad();
   // Mean loss of the micro-batch (inputs/targets on the host, B*T each); no gradients.
   StatusOr<float> Forward(const int32_t* inputs, const int32_t* targets, int B, int T);
-  // Forward + loss + backward; accumulates the gradient of (mean loss * grad_scale).
+  // Forward + loss + backward; accumulates the gradient of (mean loss * grad_scale). Records
+  // backward_done_event() on the compute stream after the last gradient kernel. (Returns after the
+  // compute stream has synchronised: the loss is read back.)
   StatusOr<float> ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale);
   // Global-norm clip + AdamW (decay mask from the layout) at `lr`, step t (1-based). Returns the norm.
   StatusOr<float> Step(const AdamWConfig& config, double lr, int64_t t);
 
+  // ---- Device state for the data-parallel reducer and the checkpointer -----------------------------
+  // Flat buffers in ParameterLayout order, num_params() elements each, valid for the model's
+  // lifetime: parameters and gradients in dtype(), master weights in fp32 (the same memory as
+  // params_device() in fp32 mode). Written only by compute-stream work (ZeroGrad, ForwardBackward
+  // accumulate into the gradients, Step updates master/params); another stream reading or writing
+  // them must order itself against the compute stream (events). Step() reads the gradients as they
+  // are when its kernels run on the compute stream (after a reduction, make the compute stream wait
+  // for it first).
+  int64_t num_params() const { return layout_.total(); }
+  void* params_device() const { return params_.data(); }
+  void* grads_device() const { return grads_.data(); }
+  float* master_device() const { return dtype_ == cuda::DType::kF32 ? params_.as<float>() : master_.as<float>(); }
+  // AdamW moments (fp32, ParameterLayout order), for checkpoints.
+  float* adam_m_device() const { return m_.as<float>(); }
+  float* adam_v_device() const { return v_.as<float>(); }
+
+  cudaStream_t compute_stream() const { return stream_; }
+  cudaStream_t comm_stream() const { return comm_stream_; }
+  cudaStream_t copy_stream() const { return copy_stream_; }
+  // Recorded on compute_stream() when each ForwardBackward's backward has issued its last gradient
+  // kernel (timing disabled).
+  cudaEvent_t backward_done_event() const { return backward_done_; }
+
  private:
-  GPT2Cuda(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype);
+  // Offsets (elements of dtype_) into the activation arena, (floats) into the stats buffer, and sizes.
+  struct Plan {
+    struct Acts {
+      int64_t encoded, ln1, qkv, atty, att, residual2, ln2, fch, fch_gelu, residual3, lnf, logits, dresidual, dln,
+          datty, dqkv, dfch;
+      int64_t forward_end;  // elements [0, forward_end) are forward activations, the rest backward buffers
+      int64_t total;
+    } a;
+    struct Stats {
+      int64_t ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, lnf_mean, lnf_rstd, lse, losses, total;
+    } s;
+    // Per-layer strides (elements): 0 for activations kept for one layer only (recomputed ones).
+    int64_t ln_stride, fch_gelu_stride;
+    size_t scratch_bytes;
+    GPT2CudaMemory memory;
+  };
+  // Plans every buffer; encoder_scratch: bytes of the embedding backward's scratch.
+  static Plan MakePlan(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype, const Options& options,
+                       size_t encoder_scratch);
+  static Status ValidateOptions(const GPT2Config& config, int max_batch, int max_seq, const Options& options);
+
+  GPT2Cuda(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype, const Options& options);
   Status Allocate();
   Status RunForward(int B, int T);
   Status RunBackward(int B, int T);
+  Status AttentionForward(int l, int B, int T);
+  Status AttentionBackward(int l, int B, int T);
   StatusOr<float> MeanLoss(int N);
   // Pointer to element `offset` of a buffer holding dtype_ elements.
   void* At(const cuda::DeviceBuffer& b, int64_t offset) const {
@@ -64,24 +172,19 @@ class GPT2Cuda {
   ParameterLayout layout_;
   int max_batch_, max_seq_;
   cuda::DType dtype_;
-  cudaStream_t stream_ = nullptr;
+  Options options_;
+  cudaStream_t stream_ = nullptr, comm_stream_ = nullptr, copy_stream_ = nullptr;
+  cudaEvent_t backward_done_ = nullptr;
   std::unique_ptr<cuda::CublasContext> blas_;
-  size_t device_bytes_ = 0;
+  GPT2CudaMemory memory_;
 
   // State: params/grads in dtype_, master/m/v in fp32 (master aliases params in fp32 mode).
   cuda::DeviceBuffer params_, grads_, master_, m_, v_;
-  // Activations (dtype_ unless noted), offsets in elements from acts_.
-  cuda::DeviceBuffer acts_, stats_ /*fp32: LN mean/rstd, losses*/, tokens_ /*int32 inputs, targets*/;
+  // Activations (dtype_) at plan_.a offsets; stats_ (fp32) at plan_.s offsets.
+  cuda::DeviceBuffer acts_, stats_, tokens_ /*int32 inputs, targets*/;
   cuda::DeviceBuffer scratch_;  // shared by the kernels' scratch needs (used one at a time)
   cuda::DeviceBuffer norm_;     // one double
-  size_t scratch_bytes_ = 0;
-  struct Acts {
-    int64_t encoded, ln1, qkv, atty, att, residual2, ln2, fch, fch_gelu, residual3, lnf, logits, dresidual, dln,
-        datty, dqkv, dfch;
-  } a_{};
-  struct Stats {
-    int64_t ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, lnf_mean, lnf_rstd, losses;
-  } s_{};
+  Plan plan_{};
   std::vector<float> host_losses_;
 };
 

@@ -61,4 +61,13 @@ ModelView MakeModelView(const ParameterLayout& layout, float* base) {
   return v;
 }
 
+std::vector<std::pair<int64_t, int64_t>> GradReadyRanges(const ParameterLayout& layout) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int L = layout.n_layer();
+  out.emplace_back(layout.tensors()[layout.tensors().size() - 2].offset, layout.total());
+  for (int l = L - 1; l >= 0; --l) out.emplace_back(layout.LayerBegin(l), layout.LayerEnd(l));
+  out.emplace_back(0, L > 0 ? layout.LayerBegin(0) : layout.tensors()[layout.tensors().size() - 2].offset);
+  return out;
+}
+
 }  // namespace tf

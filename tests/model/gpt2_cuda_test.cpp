@@ -1,8 +1,17 @@
 // The GPU model against the CPU model: one full training step (forward, loss, backward, AdamW) on
-// the same weights and batch. fp32 mode must match the CPU far under 1e-3 relative; bf16 storage
-// under 1e-2 (loss) and a looser bound on gradients (bf16 activations and gradients: 2^-9 relative
-// per rounding, compounded through the layers).
+// the same weights and batch, for every attention implementation (flash on tensor cores or SIMT,
+// the GEMM baseline) and recomputation level (0, 1, 2). fp32 mode must match the CPU far under 1e-3
+// relative; bf16 storage under 1e-2 (loss) and a looser bound on gradients (bf16 activations and
+// gradients: unit roundoff 2^-8 per rounding, compounded through the layers).
+// Also: recomputation is bit-identical to storing (it re-runs the same kernels on the same inputs),
+// a step is deterministic, the memory plan matches the allocation, and the stream/event/pointer
+// accessors the engine uses.
 #include <cmath>
+#include <cstring>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -15,26 +24,47 @@
 namespace tf {
 namespace {
 
-class GPT2CudaStep : public ::testing::TestWithParam<cuda::DType> {};
+using Attention = GPT2CudaOptions::Attention;
 
-TEST_P(GPT2CudaStep, MatchesCpuStep) {
-  TF_SKIP_WITHOUT_GPU();
-  const cuda::DType dt = GetParam();
-  GPT2Config c{.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab_size = 97, .block_size = 32,
-               .padded_vocab_size = 128};
-  const int B = 3, T = 17;
+// Head size 64 (GPT-2's), so that bf16 flash runs on tensor cores; T = 37 is not a multiple of
+// any tile (32 SIMT, 64 tensor cores).
+GPT2Config Hs64Config() {
+  return GPT2Config{.n_layer = 2, .n_head = 2, .n_embd = 128, .vocab_size = 97, .block_size = 64,
+                    .padded_vocab_size = 128};
+}
+// The original tiny model: head size 16 (flash takes its SIMT kernels).
+GPT2Config TinyConfig() {
+  return GPT2Config{.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab_size = 97, .block_size = 32,
+                    .padded_vocab_size = 128};
+}
+
+void Batch(const GPT2Config& c, int B, int T, std::vector<int32_t>* in, std::vector<int32_t>* tg) {
+  Rng rng(2);
+  in->resize(size_t(B) * T);
+  tg->resize(size_t(B) * T);
+  for (int i = 0; i < B * T; ++i) {
+    (*in)[size_t(i)] = static_cast<int32_t>(rng.Below(c.vocab_size));
+    (*tg)[size_t(i)] = static_cast<int32_t>(rng.Below(c.vocab_size));
+  }
+}
+
+StatusOr<std::unique_ptr<GPT2Cuda>> MakeGpu(const GPT2Config& c, int B, int T, cuda::DType dt,
+                                            const std::optional<GPT2CudaOptions>& options) {
+  return options ? GPT2Cuda::Create(c, B, T, dt, *options) : GPT2Cuda::Create(c, B, T, dt);
+}
+
+// One step on the CPU and the GPU from the same weights: eval loss, train loss, every gradient,
+// the norm and the updated parameters.
+void CheckStepAgainstCpu(const GPT2Config& c, int B, int T, cuda::DType dt,
+                         const std::optional<GPT2CudaOptions>& options) {
   auto cpu = GPT2::Create(c, B, T);
   ASSERT_TRUE(cpu.ok());
   (*cpu)->InitWeights(11);
-  auto gpu = GPT2Cuda::Create(c, B, T, dt);
+  auto gpu = MakeGpu(c, B, T, dt, options);
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   ASSERT_TRUE((*gpu)->LoadParams((*cpu)->params()).ok());
-  Rng rng(2);
-  std::vector<int32_t> in(B * T), tg(B * T);
-  for (int i = 0; i < B * T; ++i) {
-    in[i] = static_cast<int32_t>(rng.Below(c.vocab_size));
-    tg[i] = static_cast<int32_t>(rng.Below(c.vocab_size));
-  }
+  std::vector<int32_t> in, tg;
+  Batch(c, B, T, &in, &tg);
   const double tol = dt == cuda::DType::kF32 ? 1e-5 : 1e-2;
 
   auto eval = (*gpu)->Forward(in.data(), tg.data(), B, T);
@@ -78,8 +108,171 @@ TEST_P(GPT2CudaStep, MatchesCpuStep) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, GPT2CudaStep, ::testing::Values(cuda::DType::kF32, cuda::DType::kBF16),
+struct StepCase {
+  cuda::DType dt;
+  Attention attention;
+  int recompute;
+};
+std::string CaseName(const StepCase& s) {
+  const char* a = s.attention == Attention::kFlash ? "flash" : s.attention == Attention::kFlashSimt ? "flashsimt"
+                                                                                                    : "gemm";
+  return std::string(cuda::DTypeName(s.dt)) + "_" + a + "_recompute" + std::to_string(s.recompute);
+}
+void PrintTo(const StepCase& s, std::ostream* os) { *os << CaseName(s); }
+std::vector<StepCase> AllCases() {
+  std::vector<StepCase> cases;
+  for (cuda::DType dt : {cuda::DType::kF32, cuda::DType::kBF16}) {
+    for (Attention a : {Attention::kFlash, Attention::kGemm}) {
+      for (int r = 0; r <= 2; ++r) cases.push_back({dt, a, r});
+    }
+  }
+  cases.push_back({cuda::DType::kBF16, Attention::kFlashSimt, 0});
+  return cases;
+}
+
+class GPT2CudaStep : public ::testing::TestWithParam<StepCase> {};
+
+TEST_P(GPT2CudaStep, MatchesCpuStep) {
+  TF_SKIP_WITHOUT_GPU();
+  const StepCase s = GetParam();
+  CheckStepAgainstCpu(Hs64Config(), 3, 37, s.dt, GPT2CudaOptions{.attention = s.attention, .recompute = s.recompute});
+}
+
+INSTANTIATE_TEST_SUITE_P(Options, GPT2CudaStep, ::testing::ValuesIn(AllCases()),
+                         [](const auto& info) { return CaseName(info.param); });
+
+// The original tiny model with the default options (flash attention, head size 16: SIMT kernels).
+class GPT2CudaTinyStep : public ::testing::TestWithParam<cuda::DType> {};
+TEST_P(GPT2CudaTinyStep, DefaultOptionsMatchCpuStep) {
+  TF_SKIP_WITHOUT_GPU();
+  CheckStepAgainstCpu(TinyConfig(), 3, 17, GetParam(), std::nullopt);
+}
+INSTANTIATE_TEST_SUITE_P(DTypes, GPT2CudaTinyStep, ::testing::Values(cuda::DType::kF32, cuda::DType::kBF16),
                          [](const auto& info) { return std::string(cuda::DTypeName(info.param)); });
+
+// Loss, gradients and updated parameters of one step, as raw bits.
+struct StepBits {
+  float loss = 0;
+  std::vector<float> grads, params;
+};
+StepBits RunStep(const GPT2Config& c, int B, int T, cuda::DType dt, const GPT2CudaOptions& o, int repeats) {
+  StepBits r;
+  auto cpu = GPT2::Create(c, B, T);
+  EXPECT_TRUE(cpu.ok());
+  (*cpu)->InitWeights(11);
+  auto gpu = GPT2Cuda::Create(c, B, T, dt, o);
+  EXPECT_TRUE(gpu.ok()) << gpu.status().ToString();
+  if (!gpu.ok()) return r;
+  EXPECT_TRUE((*gpu)->LoadParams((*cpu)->params()).ok());
+  std::vector<int32_t> in, tg;
+  Batch(c, B, T, &in, &tg);
+  r.grads.resize((*cpu)->grads().size());
+  for (int i = 0; i < repeats; ++i) {  // the same step again: must reproduce itself exactly
+    EXPECT_TRUE((*gpu)->ZeroGrad().ok());
+    auto loss = (*gpu)->ForwardBackward(in.data(), tg.data(), B, T, 1.0f);
+    EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+    std::vector<float> g(r.grads.size());
+    EXPECT_TRUE((*gpu)->StoreGrads(g).ok());
+    if (i > 0) {
+      EXPECT_EQ(std::memcmp(&r.loss, &*loss, sizeof(float)), 0) << "loss differs between two identical steps";
+      EXPECT_EQ(std::memcmp(g.data(), r.grads.data(), g.size() * 4), 0) << "grads differ between identical steps";
+    }
+    r.loss = *loss;
+    r.grads = g;
+  }
+  EXPECT_TRUE((*gpu)->Step(AdamWConfig{}, 1e-3, 1).ok());
+  r.params.resize((*cpu)->params().size());
+  EXPECT_TRUE((*gpu)->StoreParams(r.params).ok());
+  return r;
+}
+
+class GPT2CudaRecompute : public ::testing::TestWithParam<cuda::DType> {};
+
+TEST_P(GPT2CudaRecompute, BitIdenticalToStoringAndDeterministic) {
+  TF_SKIP_WITHOUT_GPU();
+  const cuda::DType dt = GetParam();
+  for (Attention a : {Attention::kFlash, Attention::kGemm}) {
+    const StepBits base = RunStep(Hs64Config(), 3, 37, dt, {.attention = a, .recompute = 0}, 2);
+    for (int r = 1; r <= 2; ++r) {
+      const StepBits got = RunStep(Hs64Config(), 3, 37, dt, {.attention = a, .recompute = r}, 1);
+      const std::string what = CaseName({dt, a, r});
+      EXPECT_EQ(std::memcmp(&got.loss, &base.loss, 4), 0) << what;
+      ASSERT_EQ(got.grads.size(), base.grads.size()) << what;
+      EXPECT_EQ(std::memcmp(got.grads.data(), base.grads.data(), got.grads.size() * 4), 0) << what << " grads";
+      EXPECT_EQ(std::memcmp(got.params.data(), base.params.data(), got.params.size() * 4), 0) << what << " params";
+    }
+  }
+}
+INSTANTIATE_TEST_SUITE_P(DTypes, GPT2CudaRecompute, ::testing::Values(cuda::DType::kF32, cuda::DType::kBF16),
+                         [](const auto& info) { return std::string(cuda::DTypeName(info.param)); });
+
+TEST(GPT2CudaPlan, EstimateMatchesAllocation) {
+  TF_SKIP_WITHOUT_GPU();
+  for (const StepCase& s : AllCases()) {
+    const GPT2CudaOptions o{.attention = s.attention, .recompute = s.recompute};
+    auto est = GPT2Cuda::EstimateMemory(Hs64Config(), 3, 37, s.dt, o);
+    ASSERT_TRUE(est.ok()) << est.status().ToString();
+    auto gpu = GPT2Cuda::Create(Hs64Config(), 3, 37, s.dt, o);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+    EXPECT_EQ(est->buffers, (*gpu)->device_bytes()) << CaseName(s);
+    EXPECT_EQ(est->total, (*gpu)->memory().total) << CaseName(s);
+  }
+}
+
+TEST(GPT2CudaPlan, StreamsEventAndDevicePointers) {
+  TF_SKIP_WITHOUT_GPU();
+  for (cuda::DType dt : {cuda::DType::kF32, cuda::DType::kBF16}) {
+    auto gpu = GPT2Cuda::Create(Hs64Config(), 2, 16, dt);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+    GPT2Cuda& m = **gpu;
+    EXPECT_EQ(m.options().attention, Attention::kFlash);
+    EXPECT_EQ(m.options().recompute, 0);
+    ASSERT_NE(m.compute_stream(), nullptr);
+    ASSERT_NE(m.comm_stream(), nullptr);
+    ASSERT_NE(m.copy_stream(), nullptr);
+    EXPECT_NE(m.comm_stream(), m.compute_stream());
+    EXPECT_NE(m.copy_stream(), m.compute_stream());
+    EXPECT_NE(m.copy_stream(), m.comm_stream());
+    ASSERT_NE(m.backward_done_event(), nullptr);
+    EXPECT_EQ(m.num_params(), m.layout().total());
+    EXPECT_NE(m.params_device(), nullptr);
+    EXPECT_NE(m.grads_device(), nullptr);
+    EXPECT_NE(m.adam_m_device(), nullptr);
+    EXPECT_NE(m.adam_v_device(), nullptr);
+    if (dt == cuda::DType::kF32) {
+      EXPECT_EQ(static_cast<void*>(m.master_device()), m.params_device());
+    } else {
+      EXPECT_NE(static_cast<void*>(m.master_device()), m.params_device());
+    }
+    std::vector<float> host(static_cast<size_t>(m.num_params()), 0.01f);
+    ASSERT_TRUE(m.LoadParams(host).ok());
+    ASSERT_TRUE(m.ZeroGrad().ok());
+    std::vector<int32_t> in, tg;
+    Batch(Hs64Config(), 2, 16, &in, &tg);
+    ASSERT_TRUE(m.ForwardBackward(in.data(), tg.data(), 2, 16, 1.0f).ok());
+    // The engine's pattern: the comm stream waits for backward, then reads the gradients.
+    ASSERT_EQ(cudaStreamWaitEvent(m.comm_stream(), m.backward_done_event(), 0), cudaSuccess);
+    std::vector<uint16_t> first(4);
+    ASSERT_EQ(cudaMemcpyAsync(first.data(), m.grads_device(), 8, cudaMemcpyDeviceToHost, m.comm_stream()),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(m.comm_stream()), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(m.backward_done_event()), cudaSuccess);
+    EXPECT_GT(m.activation_bytes(), 0u);
+    EXPECT_LT(m.activation_bytes(), m.device_bytes());
+    // B or T beyond the plan is an error, not an overrun.
+    EXPECT_FALSE(m.ForwardBackward(in.data(), tg.data(), 3, 16, 1.0f).ok());
+  }
+}
+
+TEST(GPT2CudaPlan, FlashRejectsHeadSizeAbove128) {
+  TF_SKIP_WITHOUT_GPU();
+  const GPT2Config c{.n_layer = 1, .n_head = 1, .n_embd = 256, .vocab_size = 97, .block_size = 16,
+                     .padded_vocab_size = 128};
+  EXPECT_EQ(GPT2Cuda::Create(c, 1, 16, cuda::DType::kBF16).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(GPT2Cuda::Create(c, 1, 16, cuda::DType::kBF16, GPT2CudaOptions{.attention = Attention::kGemm}).ok());
+  EXPECT_EQ(GPT2Cuda::Create(Hs64Config(), 1, 16, cuda::DType::kBF16, GPT2CudaOptions{.recompute = 3}).status().code(),
+            StatusCode::kInvalidArgument);
+}
 
 }  // namespace
 }  // namespace tf

@@ -1,0 +1,88 @@
+// Communicator: the collectives data parallelism needs, over one group of ranks, behind one
+// interface with three implementations:
+//   SingleProcessCommunicator  world size 1 (no MPI): collectives are copies or no-ops.
+//   MpiCommunicator            CPU ranks: host buffers, MPI non-blocking collectives polled with a
+//                              deadline (comm/mpi_communicator.h).
+//   NcclCommunicator           GPU ranks: device buffers, NCCL on a communication stream
+//                              (comm/nccl_communicator.h, CUDA builds only).
+//
+// Semantics: every rank calls the same collectives in the same order with the same sizes (the
+// reducer guarantees it). For the host implementations a call returns when the collective is
+// complete on this rank; for NCCL when it is enqueued on the communication stream.
+// Overlap with compute comes from the caller: the gradient reducer runs its collectives on its own
+// thread (CPU) or stream (GPU).
+//
+// Timeouts: a host collective that does not complete within timeout_seconds() returns
+// DeadlineExceeded-style Internal errors naming the collective and its size, instead of hanging
+// forever on a dead peer; the communicator is then marked failed and every later call fails at
+// once. Thread safety: one thread at a time may call a given communicator.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "comm/process_group.h"
+#include "kernels/status.h"
+
+namespace tf::comm {
+
+enum class DataType { kF32, kF64, kBF16, kU8 };
+size_t DataTypeSize(DataType t);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  virtual const char* name() const = 0;  // "single", "mpi", "nccl"
+
+  // In place: data[0..n) = sum over ranks of data[0..n).
+  virtual Status AllReduceSum(void* data, int64_t n, DataType dt) = 0;
+  // counts (world entries) partitions send (sum(counts) elements, in rank order) into blocks;
+  // recv (counts[rank] elements) = sum over ranks of their block number `rank`.
+  virtual Status ReduceScatterSum(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) = 0;
+  // recv (sum(counts) elements) = every rank r's send (counts[r] elements), in rank order.
+  virtual Status AllGatherV(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) = 0;
+  // recv (world*bytes) = every rank's send (bytes), in rank order.
+  virtual Status AllGather(const void* send, void* recv, size_t bytes) = 0;
+  // send and recv hold world blocks of `bytes`; block j of send goes to rank j, and block j of
+  // recv comes from rank j.
+  virtual Status AllToAll(const void* send, void* recv, size_t bytes) = 0;
+  // data (bytes) on every rank = root's data.
+  virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
+  virtual Status Barrier() = 0;
+
+  double timeout_seconds() const { return timeout_s_; }
+  void set_timeout_seconds(double s) { timeout_s_ = s; }
+
+ protected:
+  Communicator(int rank, int world) : rank_(rank), world_(world) {}
+  int rank_, world_;
+  // TRAINFLOW_COMM_TIMEOUT (seconds, default 300): the longest a collective may take.
+  double timeout_s_ = 300.0;
+};
+
+class SingleProcessCommunicator final : public Communicator {
+ public:
+  SingleProcessCommunicator() : Communicator(0, 1) {}
+  const char* name() const override { return "single"; }
+  Status AllReduceSum(void*, int64_t, DataType) override { return Status::OK(); }
+  Status ReduceScatterSum(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) override;
+  Status AllGatherV(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) override;
+  Status AllGather(const void* send, void* recv, size_t bytes) override;
+  Status AllToAll(const void* send, void* recv, size_t bytes) override;
+  Status Broadcast(void*, size_t, int root) override;
+  Status Barrier() override { return Status::OK(); }
+};
+
+// The host communicator for `topology`: SingleProcessCommunicator when world == 1, otherwise an
+// MpiCommunicator over a duplicate of MPI_COMM_WORLD (so its traffic never mixes with other MPI
+// users). Reads TRAINFLOW_COMM_TIMEOUT.
+StatusOr<std::unique_ptr<Communicator>> MakeHostCommunicator(const Topology& topology);
+
+}  // namespace tf::comm

@@ -1,0 +1,251 @@
+#include "comm/mpi_communicator.h"
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/mpi_util.h"
+
+namespace tf::comm {
+
+Status MpiError(int code, const char* expr, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) std::snprintf(text, sizeof(text), "MPI error %d", code);
+  if (file != nullptr) return Status::Internal("{} failed: {} ({}:{})", expr, text, file, line);
+  return Status::Internal("{} failed: {}", expr, text);
+}
+
+size_t DataTypeSize(DataType t) {
+  switch (t) {
+    case DataType::kF32: return 4;
+    case DataType::kF64: return 8;
+    case DataType::kBF16: return 2;
+    case DataType::kU8: return 1;
+  }
+  return 1;
+}
+
+// ---- SingleProcessCommunicator -------------------------------------------------------------
+
+Status SingleProcessCommunicator::ReduceScatterSum(const void* send, void* recv, std::span<const int64_t> counts,
+                                                   DataType dt) {
+  if (counts.size() != 1) return Status::InvalidArgument("reduce-scatter: {} counts for 1 rank", counts.size());
+  if (send != recv) std::memmove(recv, send, static_cast<size_t>(counts[0]) * DataTypeSize(dt));
+  return Status::OK();
+}
+Status SingleProcessCommunicator::AllGatherV(const void* send, void* recv, std::span<const int64_t> counts,
+                                             DataType dt) {
+  return ReduceScatterSum(send, recv, counts, dt);
+}
+Status SingleProcessCommunicator::AllGather(const void* send, void* recv, size_t bytes) {
+  if (send != recv) std::memmove(recv, send, bytes);
+  return Status::OK();
+}
+Status SingleProcessCommunicator::AllToAll(const void* send, void* recv, size_t bytes) {
+  return AllGather(send, recv, bytes);
+}
+Status SingleProcessCommunicator::Broadcast(void*, size_t, int root) {
+  if (root != 0) return Status::InvalidArgument("broadcast root {} is not a rank of a 1-rank group", root);
+  return Status::OK();
+}
+
+StatusOr<std::unique_ptr<Communicator>> MakeHostCommunicator(const Topology& topology) {
+  std::unique_ptr<Communicator> c;
+  if (topology.world == 1 && !topology.mpi) {
+    c = std::make_unique<SingleProcessCommunicator>();
+  } else {
+    TF_ASSIGN_OR_RETURN(auto mpi, MpiCommunicator::Create(MPI_COMM_WORLD));
+    c = std::move(mpi);
+  }
+  if (const char* t = std::getenv("TRAINFLOW_COMM_TIMEOUT"); t != nullptr && *t != '\0') {
+    char* end = nullptr;
+    const double s = std::strtod(t, &end);
+    if (end == t || *end != '\0' || !(s > 0)) {
+      return Status::InvalidArgument("TRAINFLOW_COMM_TIMEOUT='{}' is not a positive number of seconds", t);
+    }
+    c->set_timeout_seconds(s);
+  }
+  return c;
+}
+
+// ---- MpiCommunicator -------------------------------------------------------------------------
+
+namespace {
+
+MPI_Datatype ToMpi(DataType t) {
+  switch (t) {
+    case DataType::kF32: return MPI_FLOAT;
+    case DataType::kF64: return MPI_DOUBLE;
+    case DataType::kBF16: return MPI_UINT16_T;  // moved, never summed by MPI
+    case DataType::kU8: return MPI_BYTE;
+  }
+  return MPI_BYTE;
+}
+
+std::string Bytes(size_t b) {
+  if (b >= (size_t{1} << 20)) return fmt::format("{:.1f} MiB", b / double(1 << 20));
+  if (b >= 1024) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm base) {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) return Status::Internal("MpiCommunicator needs MPI to be initialised (InitProcessGroup)");
+  MPI_Comm comm = MPI_COMM_NULL;
+  TF_MPI_RETURN_IF_ERROR(MPI_Comm_dup(base, &comm));
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  int rank = 0, world = 1;
+  TF_MPI_RETURN_IF_ERROR(MPI_Comm_rank(comm, &rank));
+  TF_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &world));
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(comm, rank, world));
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  // A failed communicator may have a collective in flight; freeing it then could block.
+  if (!finalized && !failed_.load() && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+Status MpiCommunicator::CheckUsable(const char* what) const {
+  if (failed_.load()) {
+    return Status::Internal("{}: the MPI communicator failed earlier (timeout or error) and cannot be used", what);
+  }
+  return Status::OK();
+}
+
+Status MpiCommunicator::Wait(MPI_Request* req, const char* what, size_t bytes) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+  int spins = 0;
+  while (true) {
+    int done = 0;
+    const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      failed_ = true;
+      return MpiError(rc, what);
+    }
+    if (done) return Status::OK();
+    // Open MPI progresses transfers only inside MPI calls (TCP especially: a sleeping poller
+    // lets socket buffers run dry and the link idle), so poll continuously, but yield the core
+    // to runnable compute threads on every turn.
+    std::this_thread::yield();
+    if ((++spins & 1023) == 0 && Clock::now() > deadline) {
+      failed_ = true;
+      return Status::Internal(
+          "{} of {} on rank {} of {} did not complete within {:.0f} s (TRAINFLOW_COMM_TIMEOUT): a peer rank "
+          "has probably died, hung, or is running a different configuration",
+          what, Bytes(bytes), rank_, world_, timeout_s_);
+    }
+  }
+}
+
+Status MpiCommunicator::AllReduceSum(void* data, int64_t n, DataType dt) {
+  TF_RETURN_IF_ERROR(CheckUsable("all-reduce"));
+  if (dt == DataType::kBF16 || dt == DataType::kU8) {
+    return Status::Unimplemented("MPI all-reduce sums fp32/fp64 only (bf16 is reduced by the reducer's codecs)");
+  }
+  const size_t es = DataTypeSize(dt);
+  // MPI counts are int: reduce in chunks of at most 2^30 elements.
+  for (int64_t off = 0; off < n; off += int64_t{1} << 30) {
+    const int count = static_cast<int>(std::min<int64_t>(n - off, int64_t{1} << 30));
+    MPI_Request req;
+    TF_MPI_RETURN_IF_ERROR(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + off * es, count, ToMpi(dt),
+                                          MPI_SUM, comm_, &req));
+    TF_RETURN_IF_ERROR(Wait(&req, "all-reduce", static_cast<size_t>(count) * es));
+  }
+  return Status::OK();
+}
+
+namespace {
+
+// int counts and displacements for the v-collectives; errors when a count exceeds MPI's int.
+Status IntCounts(std::span<const int64_t> counts, int world, const char* what, std::vector<int>* c,
+                 std::vector<int>* displs) {
+  if (static_cast<int>(counts.size()) != world) {
+    return Status::InvalidArgument("{}: {} counts for a world of {}", what, counts.size(), world);
+  }
+  int64_t off = 0;
+  for (int64_t n : counts) {
+    if (n < 0 || n > INT_MAX || off > INT_MAX) {
+      return Status::OutOfRange("{}: block of {} elements at {} exceeds MPI's int counts", what, n, off);
+    }
+    c->push_back(static_cast<int>(n));
+    displs->push_back(static_cast<int>(off));
+    off += n;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status MpiCommunicator::ReduceScatterSum(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) {
+  TF_RETURN_IF_ERROR(CheckUsable("reduce-scatter"));
+  if (dt == DataType::kBF16 || dt == DataType::kU8) {
+    return Status::Unimplemented("MPI reduce-scatter sums fp32/fp64 only");
+  }
+  std::vector<int> c, displs;
+  TF_RETURN_IF_ERROR(IntCounts(counts, world_, "reduce-scatter", &c, &displs));
+  MPI_Request req;
+  TF_MPI_RETURN_IF_ERROR(MPI_Ireduce_scatter(send, recv, c.data(), ToMpi(dt), MPI_SUM, comm_, &req));
+  return Wait(&req, "reduce-scatter", static_cast<size_t>(displs.back() + c.back()) * DataTypeSize(dt));
+}
+
+Status MpiCommunicator::AllGatherV(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) {
+  TF_RETURN_IF_ERROR(CheckUsable("all-gather"));
+  std::vector<int> c, displs;
+  TF_RETURN_IF_ERROR(IntCounts(counts, world_, "all-gather", &c, &displs));
+  MPI_Request req;
+  TF_MPI_RETURN_IF_ERROR(MPI_Iallgatherv(send, c[static_cast<size_t>(rank_)], ToMpi(dt), recv, c.data(),
+                                         displs.data(), ToMpi(dt), comm_, &req));
+  return Wait(&req, "all-gather", static_cast<size_t>(displs.back() + c.back()) * DataTypeSize(dt));
+}
+
+Status MpiCommunicator::AllGather(const void* send, void* recv, size_t bytes) {
+  TF_RETURN_IF_ERROR(CheckUsable("all-gather"));
+  if (bytes > INT_MAX) return Status::OutOfRange("all-gather of {} bytes per rank exceeds MPI's int count", bytes);
+  MPI_Request req;
+  TF_MPI_RETURN_IF_ERROR(
+      MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, comm_, &req));
+  return Wait(&req, "all-gather", bytes * static_cast<size_t>(world_));
+}
+
+Status MpiCommunicator::AllToAll(const void* send, void* recv, size_t bytes) {
+  TF_RETURN_IF_ERROR(CheckUsable("all-to-all"));
+  if (bytes > INT_MAX) return Status::OutOfRange("all-to-all of {} bytes per rank exceeds MPI's int count", bytes);
+  MPI_Request req;
+  TF_MPI_RETURN_IF_ERROR(
+      MPI_Ialltoall(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, comm_, &req));
+  return Wait(&req, "all-to-all", bytes * static_cast<size_t>(world_));
+}
+
+Status MpiCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  TF_RETURN_IF_ERROR(CheckUsable("broadcast"));
+  if (root < 0 || root >= world_) return Status::InvalidArgument("broadcast root {} is not in [0, {})", root, world_);
+  for (size_t off = 0; off < bytes; off += size_t{1} << 30) {
+    const int count = static_cast<int>(std::min<size_t>(bytes - off, size_t{1} << 30));
+    MPI_Request req;
+    TF_MPI_RETURN_IF_ERROR(MPI_Ibcast(static_cast<char*>(data) + off, count, MPI_BYTE, root, comm_, &req));
+    TF_RETURN_IF_ERROR(Wait(&req, "broadcast", static_cast<size_t>(count)));
+  }
+  return Status::OK();
+}
+
+Status MpiCommunicator::Barrier() {
+  TF_RETURN_IF_ERROR(CheckUsable("barrier"));
+  MPI_Request req;
+  TF_MPI_RETURN_IF_ERROR(MPI_Ibarrier(comm_, &req));
+  return Wait(&req, "barrier", 0);
+}
+
+}  // namespace tf::comm

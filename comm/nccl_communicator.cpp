@@ -1,0 +1,276 @@
+#if defined(TF_WITH_CUDA)
+#include "comm/nccl_communicator.h"
+
+#include <dlfcn.h>
+#include <glob.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/mpi_util.h"
+#include "kernels/cuda_runtime.h"
+
+namespace tf::comm {
+namespace {
+
+// The NCCL entry points TrainFlow uses, resolved from libnccl.so.2 at run time.
+struct Nccl {
+  decltype(&ncclGetUniqueId) GetUniqueId = nullptr;
+  decltype(&ncclCommInitRank) CommInitRank = nullptr;
+  decltype(&ncclCommDestroy) CommDestroy = nullptr;
+  decltype(&ncclCommAbort) CommAbort = nullptr;
+  decltype(&ncclCommGetAsyncError) CommGetAsyncError = nullptr;
+  decltype(&ncclGetErrorString) GetErrorString = nullptr;
+  decltype(&ncclAllReduce) AllReduce = nullptr;
+  decltype(&ncclReduceScatter) ReduceScatter = nullptr;
+  decltype(&ncclAllGather) AllGather = nullptr;
+  decltype(&ncclBroadcast) Broadcast = nullptr;
+  decltype(&ncclReduce) Reduce = nullptr;
+  decltype(&ncclSend) Send = nullptr;
+  decltype(&ncclRecv) Recv = nullptr;
+  decltype(&ncclGroupStart) GroupStart = nullptr;
+  decltype(&ncclGroupEnd) GroupEnd = nullptr;
+  decltype(&ncclGetVersion) GetVersion = nullptr;
+  std::string error;  // why loading failed ("" when loaded)
+};
+
+const Nccl& LoadNccl() {
+  static Nccl* nccl = [] {
+    auto* n = new Nccl();
+    std::vector<std::string> tried;
+    void* lib = nullptr;
+    auto attempt = [&](const std::string& path) {
+      if (lib == nullptr && !path.empty()) {
+        lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (lib == nullptr) tried.push_back(path);
+      }
+    };
+    if (const char* p = std::getenv("TRAINFLOW_NCCL_LIBRARY")) attempt(p);
+    if (const char* h = std::getenv("NCCL_HOME")) attempt(std::string(h) + "/lib/libnccl.so.2");
+    attempt("libnccl.so.2");
+    attempt("libnccl.so");
+    if (const char* c = std::getenv("CUDA_HOME")) attempt(std::string(c) + "/lib/libnccl.so.2");
+    // PyTorch's NCCL wheel (nvidia-nccl-cu*), where a GPU machine has PyTorch but no system NCCL.
+    for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+                                "/usr/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+                                "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                                "/opt/conda/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
+      glob_t g{};
+      if (glob(pattern, 0, nullptr, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; ++i) attempt(g.gl_pathv[i]);
+      }
+      globfree(&g);
+    }
+    if (lib == nullptr) {
+      n->error = fmt::format("libnccl.so.2 not found (tried {}); install NCCL or set TRAINFLOW_NCCL_LIBRARY",
+                             fmt::join(tried, ", "));
+      return n;
+    }
+    bool ok = true;
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (fn == nullptr) {
+        ok = false;
+        n->error = fmt::format("libnccl.so.2 lacks {} (too old?)", name);
+      }
+    };
+    sym(n->GetUniqueId, "ncclGetUniqueId");
+    sym(n->CommInitRank, "ncclCommInitRank");
+    sym(n->CommDestroy, "ncclCommDestroy");
+    sym(n->CommAbort, "ncclCommAbort");
+    sym(n->CommGetAsyncError, "ncclCommGetAsyncError");
+    sym(n->GetErrorString, "ncclGetErrorString");
+    sym(n->AllReduce, "ncclAllReduce");
+    sym(n->ReduceScatter, "ncclReduceScatter");
+    sym(n->AllGather, "ncclAllGather");
+    sym(n->Broadcast, "ncclBroadcast");
+    sym(n->Reduce, "ncclReduce");
+    sym(n->Send, "ncclSend");
+    sym(n->Recv, "ncclRecv");
+    sym(n->GroupStart, "ncclGroupStart");
+    sym(n->GroupEnd, "ncclGroupEnd");
+    sym(n->GetVersion, "ncclGetVersion");
+    if (!ok) n->GetUniqueId = nullptr;
+    return n;
+  }();
+  return *nccl;
+}
+
+ncclDataType_t ToNccl(DataType t) {
+  switch (t) {
+    case DataType::kF32: return ncclFloat32;
+    case DataType::kF64: return ncclFloat64;
+    case DataType::kBF16: return ncclBfloat16;
+    case DataType::kU8: return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+}  // namespace
+
+bool NcclAvailable(std::string* why) {
+  const Nccl& n = LoadNccl();
+  if (why != nullptr) *why = n.error;
+  return n.GetUniqueId != nullptr;
+}
+
+Status NcclCommunicator::Check(int result, const char* what) {
+  if (result == ncclSuccess) return Status::OK();
+  failed_ = true;
+  const Nccl& n = LoadNccl();
+  return Status::Internal("NCCL {} failed: {}", what, n.GetErrorString(static_cast<ncclResult_t>(result)));
+}
+
+StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(const Topology& topology, cudaStream_t stream) {
+  const Nccl& n = LoadNccl();
+  if (n.GetUniqueId == nullptr) return Status::Unimplemented("NCCL is needed for multi-GPU training: {}", n.error);
+  ncclUniqueId id{};
+  if (topology.rank == 0) {
+    const ncclResult_t r = n.GetUniqueId(&id);
+    if (r != ncclSuccess) return Status::Internal("ncclGetUniqueId failed: {}", n.GetErrorString(r));
+  }
+  if (topology.world > 1) {
+    TF_MPI_RETURN_IF_ERROR(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
+  }
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(topology.rank, topology.world, stream));
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = n.CommInitRank(&comm, topology.world, id, topology.rank);
+  if (r != ncclSuccess) {
+    return Status::Internal("ncclCommInitRank (rank {} of {}) failed: {}", topology.rank, topology.world,
+                            n.GetErrorString(r));
+  }
+  c->comm_ = comm;
+  return c;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ == nullptr) return;
+  const Nccl& n = LoadNccl();
+  if (failed_) {
+    n.CommAbort(static_cast<ncclComm_t>(comm_));
+  } else {
+    n.CommDestroy(static_cast<ncclComm_t>(comm_));
+  }
+}
+
+Status NcclCommunicator::AllReduceSum(void* data, int64_t count, DataType dt) {
+  const Nccl& n = LoadNccl();
+  return Check(n.AllReduce(data, data, static_cast<size_t>(count), ToNccl(dt), ncclSum,
+                           static_cast<ncclComm_t>(comm_), stream_),
+               "all-reduce");
+}
+
+Status NcclCommunicator::ReduceScatterSum(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) {
+  if (static_cast<int>(counts.size()) != world_) {
+    return Status::InvalidArgument("reduce-scatter: {} counts for a world of {}", counts.size(), world_);
+  }
+  const Nccl& n = LoadNccl();
+  auto* comm = static_cast<ncclComm_t>(comm_);
+  bool even = true;
+  for (int64_t c : counts) even = even && c == counts[0];
+  if (even) {
+    return Check(n.ReduceScatter(send, recv, static_cast<size_t>(counts[0]), ToNccl(dt), ncclSum, comm, stream_),
+                 "reduce-scatter");
+  }
+  // Uneven blocks: one reduce per block to its owner, grouped.
+  const size_t es = DataTypeSize(dt);
+  TF_RETURN_IF_ERROR(Check(n.GroupStart(), "group start"));
+  int64_t off = 0;
+  for (int r = 0; r < world_; ++r) {
+    const int64_t c = counts[static_cast<size_t>(r)];
+    n.Reduce(static_cast<const char*>(send) + off * static_cast<int64_t>(es), r == rank_ ? recv : nullptr,
+             static_cast<size_t>(c), ToNccl(dt), ncclSum, r, comm, stream_);
+    off += c;
+  }
+  return Check(n.GroupEnd(), "reduce-scatter (grouped reduces)");
+}
+
+Status NcclCommunicator::AllGatherV(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) {
+  if (static_cast<int>(counts.size()) != world_) {
+    return Status::InvalidArgument("all-gather: {} counts for a world of {}", counts.size(), world_);
+  }
+  const Nccl& n = LoadNccl();
+  auto* comm = static_cast<ncclComm_t>(comm_);
+  const size_t es = DataTypeSize(dt);
+  TF_RETURN_IF_ERROR(Check(n.GroupStart(), "group start"));
+  int64_t off = 0;
+  for (int r = 0; r < world_; ++r) {
+    const int64_t c = counts[static_cast<size_t>(r)];
+    n.Broadcast(send, static_cast<char*>(recv) + off * static_cast<int64_t>(es), static_cast<size_t>(c), ToNccl(dt), r,
+                comm, stream_);
+    off += c;
+  }
+  return Check(n.GroupEnd(), "all-gather (grouped broadcasts)");
+}
+
+Status NcclCommunicator::AllGather(const void* send, void* recv, size_t bytes) {
+  const Nccl& n = LoadNccl();
+  return Check(n.AllGather(send, recv, bytes, ncclUint8, static_cast<ncclComm_t>(comm_), stream_), "all-gather");
+}
+
+Status NcclCommunicator::AllToAll(const void* send, void* recv, size_t bytes) {
+  const Nccl& n = LoadNccl();
+  auto* comm = static_cast<ncclComm_t>(comm_);
+  TF_RETURN_IF_ERROR(Check(n.GroupStart(), "group start"));
+  for (int r = 0; r < world_; ++r) {
+    n.Send(static_cast<const char*>(send) + bytes * static_cast<size_t>(r), bytes, ncclUint8, r, comm, stream_);
+    n.Recv(static_cast<char*>(recv) + bytes * static_cast<size_t>(r), bytes, ncclUint8, r, comm, stream_);
+  }
+  return Check(n.GroupEnd(), "all-to-all");
+}
+
+Status NcclCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  if (root < 0 || root >= world_) return Status::InvalidArgument("broadcast root {} is not in [0, {})", root, world_);
+  const Nccl& n = LoadNccl();
+  return Check(n.Broadcast(data, data, bytes, ncclUint8, root, static_cast<ncclComm_t>(comm_), stream_), "broadcast");
+}
+
+Status NcclCommunicator::Barrier() {
+  // A one-element all-reduce on the stream, then wait for it.
+  const Nccl& n = LoadNccl();
+  void* scratch = nullptr;
+  TF_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&scratch, sizeof(float), stream_));
+  TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(scratch, 0, sizeof(float), stream_));
+  Status s = Check(n.AllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm_), stream_),
+                   "barrier");
+  TF_CUDA_RETURN_IF_ERROR(cudaFreeAsync(scratch, stream_));
+  TF_RETURN_IF_ERROR(s);
+  return Synchronize();
+}
+
+Status NcclCommunicator::Synchronize() {
+  if (failed_) return Status::Internal("the NCCL communicator failed earlier and cannot be used");
+  const Nccl& n = LoadNccl();
+  using Clock = std::chrono::steady_clock;
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+  while (true) {
+    const cudaError_t q = cudaStreamQuery(stream_);
+    if (q == cudaSuccess) return Status::OK();
+    if (q != cudaErrorNotReady) return cuda::CudaError(q, "cudaStreamQuery(comm stream)", __FILE__, __LINE__);
+    ncclResult_t async = ncclSuccess;
+    n.CommGetAsyncError(static_cast<ncclComm_t>(comm_), &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      failed_ = true;
+      return Status::Internal("NCCL reported an asynchronous error: {}", n.GetErrorString(async));
+    }
+    if (Clock::now() > deadline) {
+      failed_ = true;
+      return Status::Internal("NCCL collectives on rank {} of {} did not complete within {:.0f} s "
+                              "(TRAINFLOW_COMM_TIMEOUT): a peer rank has probably died or hung",
+                              rank_, world_, timeout_s_);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace tf::comm
+#endif  // TF_WITH_CUDA

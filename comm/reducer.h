@@ -1,0 +1,137 @@
+// GradientReducer (host buffers): averages a flat fp32 gradient buffer over the ranks of a
+// Communicator, bucket by bucket, overlapping with the backward pass that produces it.
+//
+// Buckets. The model announces, in a fixed order, the flat ranges of the gradient buffer that
+// become final during backward (for GPT-2: ln_f, the blocks last to first, then the embeddings;
+// see GradReadyRanges in model/parameters.h). Buckets are built once from that order: consecutive
+// ranges are merged while the bucket stays under bucket_bytes (the first bucket under
+// first_bucket_bytes, so communication starts early), and a range larger than a bucket is split.
+// Buckets are contiguous in the gradient buffer, so reducing one needs no gather copy.
+//
+// Overlap. MarkReady() (called on the compute thread from the model's grad-ready hook) counts a
+// bucket down; the bucket that becomes complete is queued to the reducer's communication thread,
+// which encodes it, runs the collectives and decodes the average back in place while backward
+// continues. Finish() waits for every bucket. Every rank queues the buckets in the same order
+// (backward is deterministic), so collectives match across ranks.
+//
+// Algorithms, all giving bit-identical results on every rank (each element's sum is computed by
+// one owner rank, in rank order, then copied), so the ranks' weights never drift apart:
+//   none               reduce-scatter (fp32 sum) -> owner scales by 1/W -> all-gather.
+//   bf16/fp16/int8/sign two-phase: every rank encodes its W shards of (g + residual) and
+//                      all-to-alls them; the owner decodes and averages its shard, re-encodes it
+//                      (with its own "server" residual) and all-gathers; everyone decodes.
+//   topk               every rank encodes the whole bucket; all-gather of (index, value) pairs;
+//                      everyone decode-accumulates the W contributions in rank order.
+// Error feedback (lossy codecs): residual() holds what was not sent yet, per element (plus the
+// owner's server residual); both are training state, saved with checkpoints.
+//
+// Thread safety: MarkReady/Finish/BeginStep from one (compute) thread; the communication thread
+// touches a bucket's gradient range only between the bucket's completion and Finish(), and the
+// caller must not write a range after announcing it. The communicator belongs to the reducer's
+// thread while a step is in flight.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "comm/codec.h"
+#include "comm/communicator.h"
+#include "kernels/buffer.h"
+
+namespace tf::comm {
+
+struct ReducerOptions {
+  int64_t bucket_bytes = int64_t{25} << 20;      // PyTorch DDP's default bucket_cap_mb = 25
+  int64_t first_bucket_bytes = int64_t{1} << 20;  // DDP's first bucket: start communicating early
+  CodecConfig codec;                              // kNone: exact fp32 average
+  bool error_feedback = true;                     // lossy codecs: carry what was not sent
+  uint64_t seed = 0;                              // stochastic rounding streams
+};
+
+struct Bucket {
+  int64_t begin = 0, end = 0;  // flat range of the gradient buffer
+  int64_t size() const { return end - begin; }
+};
+
+// Per-step measurements (of the last finished step).
+struct ReducerStats {
+  int buckets = 0;
+  int64_t raw_bytes = 0;     // fp32 bytes averaged (the gradient size)
+  int64_t wire_bytes = 0;    // bytes this rank sent, counting a ring/pairwise algorithm per collective
+  double comm_ms = 0;        // time inside collectives (communication thread)
+  double codec_ms = 0;       // time encoding/decoding (communication thread)
+  double exposed_ms = 0;     // time Finish() waited: communication not hidden behind backward
+  double busbw_gbps() const { return comm_ms > 0 ? wire_bytes / (comm_ms * 1e6) : 0.0; }
+  double compression() const { return wire_bytes > 0 ? static_cast<double>(raw_bytes) / wire_bytes : 0.0; }
+};
+
+// Splits `ready_order` ranges into buckets as described above. Pure; exposed for tests.
+std::vector<Bucket> PlanBuckets(const std::vector<std::pair<int64_t, int64_t>>& ready_order, int64_t bucket_bytes,
+                                int64_t first_bucket_bytes);
+
+class GradientReducer {
+ public:
+  // `grads` must outlive the reducer. ready_order must cover grads exactly once (checked).
+  static StatusOr<std::unique_ptr<GradientReducer>> Create(Communicator* comm, std::span<float> grads,
+                                                           const std::vector<std::pair<int64_t, int64_t>>& ready_order,
+                                                           const ReducerOptions& options);
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Starts a step: every bucket waits for its ranges again. `step` seeds stochastic rounding.
+  void BeginStep(int64_t step);
+  // [begin, end) of the gradient buffer is final for this step. Must be one of the ranges of
+  // ready_order, or a union of consecutive ones.
+  void MarkReady(int64_t begin, int64_t end);
+  // Waits until every bucket is reduced; afterwards grads hold the rank average. Errors: a
+  // collective failed or timed out, or some range was never marked ready (names it).
+  Status Finish();
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const ReducerStats& last_stats() const { return stats_; }
+  const ReducerOptions& options() const { return options_; }
+  // Error-feedback state (length grads.size(); zeros for exact codecs): worker and server residuals.
+  std::span<float> residual() { return residual_.span(); }
+  std::span<float> server_residual() { return server_residual_.span(); }
+
+ private:
+  GradientReducer(Communicator* comm, std::span<float> grads, const ReducerOptions& options);
+  void ThreadMain();
+  Status ReduceBucket(int index);
+  Status ReduceExact(const Bucket& b);
+  Status ReduceDense(const Bucket& b, uint64_t seed);
+  Status ReduceSparse(const Bucket& b, uint64_t seed);
+  // Shard [begin, end) of bucket b owned by rank r (aligned to the codec block for dense codecs).
+  std::pair<int64_t, int64_t> Shard(const Bucket& b, int r) const;
+
+  Communicator* comm_;
+  std::span<float> grads_;
+  ReducerOptions options_;
+  std::vector<Bucket> buckets_;
+  AlignedBuffer residual_, server_residual_;
+  // Scratch (communication thread only): encoded send/receive buffers and an fp32 shard.
+  std::vector<unsigned char> send_, recv_;
+  AlignedBuffer shard_;
+
+  // Guarded by mu_: pending counts, the queue, completion, the first error, stats accumulation.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int64_t> pending_;  // elements not yet marked ready, per bucket
+  std::deque<int> queue_;
+  int done_ = 0;
+  Status error_;
+  bool stop_ = false;
+  int64_t step_ = 0;
+  ReducerStats stats_, running_;
+  std::thread thread_;
+};
+
+}  // namespace tf::comm
