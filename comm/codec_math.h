@@ -126,12 +126,16 @@ TF_HD float Int8Scale(uint32_t max_key) {
 
 // Round to nearest even: q = rint(y / scale); |y - q * scale| <= scale / 2 (up to the rounding of
 // the division, relative 2^-24).
-TF_HD int8_t Int8QuantizeNearest(float y, float scale) {
-  if (!(scale > 0.0f)) return 0;  // zero or NaN scale
+// REQUIRES: scale > 0 (the branch-free core, vectorisable).
+TF_HD int8_t Int8QuantizeNearestPositiveScale(float y, float scale) {
   float t = rintf(y / scale);
   t = t > 127.0f ? 127.0f : t;
   t = t < -127.0f ? -127.0f : t;
   return static_cast<int8_t>(t);
+}
+TF_HD int8_t Int8QuantizeNearest(float y, float scale) {
+  if (!(scale > 0.0f)) return 0;  // zero or NaN scale
+  return Int8QuantizeNearestPositiveScale(y, scale);
 }
 
 // Stochastic: q = floor(y / scale + u), u uniform in [0, 1) (StochasticUniform), clamped to

@@ -168,6 +168,13 @@ Status NcclCommunicator::AllReduceSum(void* data, int64_t count, DataType dt) {
                "all-reduce");
 }
 
+Status NcclCommunicator::AllReduceAverage(void* data, int64_t count, DataType dt) {
+  const Nccl& n = LoadNccl();
+  return Check(n.AllReduce(data, data, static_cast<size_t>(count), ToNccl(dt), ncclAvg,
+                           static_cast<ncclComm_t>(comm_), stream_),
+               "all-reduce (average)");
+}
+
 Status NcclCommunicator::ReduceScatterSum(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) {
   if (static_cast<int>(counts.size()) != world_) {
     return Status::InvalidArgument("reduce-scatter: {} counts for a world of {}", counts.size(), world_);

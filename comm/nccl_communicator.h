@@ -37,6 +37,8 @@ class NcclCommunicator final : public Communicator {
   const char* name() const override { return "nccl"; }
   cudaStream_t stream() const { return stream_; }
   Status AllReduceSum(void* data, int64_t n, DataType dt) override;
+  // In place: data = mean over ranks (ncclAvg), the same on every rank.
+  Status AllReduceAverage(void* data, int64_t n, DataType dt);
   Status ReduceScatterSum(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) override;
   Status AllGatherV(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) override;
   Status AllGather(const void* send, void* recv, size_t bytes) override;

@@ -6,6 +6,8 @@
 
 #include "engine/optimizer.h"
 #if defined(TF_WITH_CUDA)
+#include "comm/device_reducer.h"
+#include "comm/nccl_communicator.h"
 #include "kernels/cuda_runtime.h"
 #include "model/gpt2_cuda.h"
 #endif
@@ -77,8 +79,33 @@ class CudaBackend final : public TrainBackend {
   std::span<float> host_params() override { return {}; }
   void SetGradReadyHook(GPT2::GradReadyHook) override {}
 
+  Status SetUpDeviceDataParallel(const comm::Topology& topology, const comm::ReducerOptions& options) override {
+    TF_ASSIGN_OR_RETURN(nccl_, comm::NcclCommunicator::Create(topology, model_->comm_stream()));
+    const comm::DataType dt = model_->dtype() == cuda::DType::kBF16 ? comm::DataType::kBF16 : comm::DataType::kF32;
+    TF_ASSIGN_OR_RETURN(reducer_, comm::DeviceGradientReducer::Create(nccl_.get(), model_->grads_device(), dt,
+                                                                      model_->num_params(),
+                                                                      GradReadyRanges(model_->layout()), options,
+                                                                      model_->compute_stream()));
+    model_->set_grad_ready_hook([this](int64_t begin, int64_t end) {
+      if (reduce_now_) reducer_->MarkReady(begin, end);
+    });
+    return Status::OK();
+  }
+  void BeginDeviceReduction() override {
+    if (reducer_) reducer_->BeginStep();
+  }
+  void set_reduce_on_backward(bool on) override { reduce_now_ = on && reducer_ != nullptr; }
+  Status FinishDeviceReduction() override { return reducer_ ? reducer_->Finish() : Status::OK(); }
+  StatusOr<comm::ReducerStats> DeviceReductionStats() override {
+    if (!reducer_) return comm::ReducerStats{};
+    return reducer_->LastStats();
+  }
+
  private:
-  std::unique_ptr<GPT2Cuda> model_;
+  std::unique_ptr<GPT2Cuda> model_;  // declared first: outlives the reducer and NCCL using its streams
+  std::unique_ptr<comm::NcclCommunicator> nccl_;
+  std::unique_ptr<comm::DeviceGradientReducer> reducer_;
+  bool reduce_now_ = false;
   AdamWConfig adamw_;
   int device_;
 };

@@ -11,6 +11,8 @@
 #include <span>
 #include <string>
 
+#include "comm/process_group.h"
+#include "comm/reducer.h"
 #include "kernels/optimizer.h"
 #include "kernels/status.h"
 #include "model/config.h"
@@ -44,6 +46,19 @@ class TrainBackend {
   virtual std::span<float> host_grads() = 0;
   virtual std::span<float> host_params() = 0;
   virtual void SetGradReadyHook(GPT2::GradReadyHook hook) = 0;
+
+  // Data parallelism for backends whose gradients live on a device (CUDA: NCCL communicator and
+  // comm/device_reducer.h, owned by the backend). Unimplemented by default.
+  virtual Status SetUpDeviceDataParallel(const comm::Topology& topology, const comm::ReducerOptions& options) {
+    return Status::Unimplemented("{} keeps gradients on the host", Describe());
+  }
+  // Per step: Begin, then the last micro-step's backward feeds the reducer (set_reduce_on_backward),
+  // then Finish (enqueues the compute stream's wait; no host sync), and after the optimizer step
+  // the stats of the reduction.
+  virtual void BeginDeviceReduction() {}
+  virtual void set_reduce_on_backward(bool on) {}
+  virtual Status FinishDeviceReduction() { return Status::OK(); }
+  virtual StatusOr<comm::ReducerStats> DeviceReductionStats() { return comm::ReducerStats{}; }
 };
 
 // The CPU backend: plans activations for B x T and initialises nothing (call SetParams or use

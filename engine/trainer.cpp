@@ -83,10 +83,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
                                      "most one rank per GPU",
                                      topo.rank, topo.local_rank, topo.hostname, gpus, gpus == 1 ? " is" : "s are");
     }
-    if (topo.world > 1) {
-      return Status::Unimplemented("data-parallel training on GPUs needs the NCCL communicator, which this build "
-                                   "does not have yet; run one rank per GPU machine, or use device \"cpu\"");
-    }
     TF_ASSIGN_OR_RETURN(t->backend_, MakeCudaBackend(model, train.batch_size, train.seq_len, adamw, train.dtype,
                                                      topo.local_rank));
   } else {
@@ -116,16 +112,24 @@ Trainer::~Trainer() = default;
 Status Trainer::SetUpDataParallel() {
   const bool compress = config_.compression != "none";
   if (topology_.world == 1 && !compress) return Status::OK();
+  // The host communicator also carries the loss/eval averages and the initial broadcast on GPUs.
   TF_ASSIGN_OR_RETURN(comm_, comm::MakeHostCommunicator(topology_));
-  if (backend_->host_grads().empty()) {
-    return Status::Unimplemented("gradient reduction/compression of device gradients needs the NCCL communicator "
-                                 "(not built yet)");
-  }
   comm::ReducerOptions ro;
   ro.bucket_bytes = static_cast<int64_t>(config_.bucket_mb * (1 << 20));
   ro.first_bucket_bytes = static_cast<int64_t>(config_.first_bucket_mb * (1 << 20));
   ro.error_feedback = config_.error_feedback;
   ro.seed = config_.seed;
+  if (backend_->host_grads().empty()) {  // gradients on a device: NCCL + the device reducer
+    if (config_.compression != "none") {
+      return Status::Unimplemented("compression '{}' with device {}: GPU gradient compression is not wired into "
+                                   "the GPU reducer yet (the CUDA codec kernels exist); use compression none",
+                                   config_.compression, config_.device);
+    }
+    TF_RETURN_IF_ERROR(backend_->SetUpDeviceDataParallel(topology_, ro));
+    device_dp_ = true;
+    compression_reason_ = "NCCL average, device reducer";
+    return Status::OK();
+  }
   const auto ranges = GradReadyRanges(backend_->layout());
   if (config_.compression == "auto") {
     TF_ASSIGN_OR_RETURN(comm::CodecChoice choice, comm::ChooseCodec(comm_.get(), backend_->layout().total(), ro));
@@ -166,17 +170,21 @@ StatusOr<StepStats> Trainer::Step(int step) {
   const int accum = config_.grad_accum_steps;
   TF_RETURN_IF_ERROR(backend_->ZeroGrad());
   if (reducer_) reducer_->BeginStep(step);
+  if (device_dp_) backend_->BeginDeviceReduction();
   double loss = 0.0;
   for (int micro = 0; micro < accum; ++micro) {
     train_data_->Load(int64_t{step} * accum + micro, inputs_.data(), targets_.data());
     // Gradient accumulation: only the last micro-step's backward produces final gradients.
     reduce_this_micro_step_ = reducer_ != nullptr && micro == accum - 1;
+    backend_->set_reduce_on_backward(device_dp_ && micro == accum - 1);
     TF_ASSIGN_OR_RETURN(float l, backend_->ForwardBackward(inputs_.data(), targets_.data(), config_.batch_size,
                                                            config_.seq_len, 1.0f / static_cast<float>(accum)));
     loss += l;
   }
   reduce_this_micro_step_ = false;
+  backend_->set_reduce_on_backward(false);
   StepStats s;
+  if (device_dp_) TF_RETURN_IF_ERROR(backend_->FinishDeviceReduction());
   if (reducer_) {
     TF_RETURN_IF_ERROR(reducer_->Finish());
     const comm::ReducerStats& r = reducer_->last_stats();
@@ -190,6 +198,11 @@ StatusOr<StepStats> Trainer::Step(int step) {
   s.loss = static_cast<float>(mean_loss);
   s.lr = LearningRate(config_, step);
   TF_ASSIGN_OR_RETURN(s.grad_norm, backend_->OptimizerStep(s.lr, int64_t{step} + 1));
+  if (device_dp_) {
+    TF_ASSIGN_OR_RETURN(const comm::ReducerStats r, backend_->DeviceReductionStats());
+    s.comm_exposed_ms = r.exposed_ms;
+    s.wire_bytes = r.wire_bytes;
+  }
   s.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(config_.tokens_per_step()) * topology_.world / (s.ms / 1000.0);
   return s;
@@ -222,7 +235,7 @@ StatusOr<TrainResult> Trainer::Run() {
   TrainResult result;
   const bool print = options_.print_progress && topology_.rank == 0;
   const int max_steps = config_.max_steps;
-  const bool dp = reducer_ != nullptr;
+  const bool dp = reducer_ != nullptr || device_dp_;
   if (print) {
     fmt::print("model: {} layers, {} heads, {} embd, vocab {} (padded {}), {:.2f}M parameters\n",
                model_config_.n_layer, model_config_.n_head, model_config_.n_embd, model_config_.vocab_size,
@@ -230,7 +243,7 @@ StatusOr<TrainResult> Trainer::Run() {
     fmt::print("device: {}\n", backend_->Describe());
     if (topology_.world > 1 || dp) {
       fmt::print("data parallel: {}\n", topology_.Describe());
-      if (dp) {
+      if (reducer_) {
         fmt::print("gradient reduction: {} buckets (first {:.2f} MiB, then up to {:.2f} MiB), compression {} ({})\n",
                    reducer_->buckets().size(), reducer_->buckets().front().size() * 4 / double(1 << 20),
                    config_.bucket_mb, compression(), compression_reason_);
@@ -322,7 +335,7 @@ Status Trainer::WriteOutputs(const TrainResult& result) {
   for (const StepStats& s : result.steps) {
     nlohmann::json line{{"step", s.step + 1}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
                         {"ms", s.ms},         {"tokens_per_s", s.tokens_per_s}};
-    if (reducer_) {
+    if (reducer_ || device_dp_) {
       line["comm_exposed_ms"] = s.comm_exposed_ms;
       line["comm_ms"] = s.comm_ms;
       line["codec_ms"] = s.codec_ms;

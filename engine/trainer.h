@@ -92,6 +92,7 @@ class Trainer {
   std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<comm::GradientReducer> reducer_;
   bool reduce_this_micro_step_ = false;  // the grad-ready hook forwards to the reducer only then
+  bool device_dp_ = false;               // the backend reduces device gradients itself (NCCL)
   std::string compression_reason_;       // why this codec (printed at start)
   std::optional<DataLoader> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -376,6 +376,10 @@ Status GPT2Cuda::RunBackward(int B, int T) {
   void* last = config_.n_layer > 0 ? At(acts_, a.residual3 + (config_.n_layer - 1) * NC) : At(acts_, a.encoded);
   TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(f), G(f + 1), dln, last, W(f), stats + st.lnf_mean,
                                               stats + st.lnf_rstd, n, C, dtype_, scratch_f, scratch_bytes, stream_));
+  auto ready = [&](int64_t begin, int64_t end) {
+    if (grad_ready_) grad_ready_(begin, end);
+  };
+  ready(tensors[f].offset, layout_.total());
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     const size_t p = 2 + 12 * static_cast<size_t>(l);
     void* residual = l == 0 ? At(acts_, a.encoded) : At(acts_, a.residual3 + (l - 1) * NC);
@@ -418,9 +422,12 @@ Status GPT2Cuda::RunBackward(int B, int T) {
     TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(p), G(p + 1), dln, residual, W(p),
                                                 stats + st.ln1_mean + l * N, stats + st.ln1_rstd + l * N, n, C,
                                                 dtype_, scratch_f, scratch_bytes, stream_));
+    ready(layout_.LayerBegin(l), layout_.LayerEnd(l));
   }
-  return cuda::encoder_backward(G(0), G(1), dresidual, inputs, B, T, C, dtype_, scratch_.data(), scratch_bytes,
-                                stream_);
+  TF_RETURN_IF_ERROR(cuda::encoder_backward(G(0), G(1), dresidual, inputs, B, T, C, dtype_, scratch_.data(),
+                                            scratch_bytes, stream_));
+  ready(0, config_.n_layer > 0 ? layout_.LayerBegin(0) : static_cast<int64_t>(tensors[f].offset));
+  return Status::OK();
 }
 
 StatusOr<float> GPT2Cuda::MeanLoss(int N) {

@@ -24,6 +24,7 @@
 #pragma once
 #if defined(TF_WITH_CUDA)
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -127,6 +128,13 @@ class GPT2Cuda {
   float* adam_m_device() const { return m_.as<float>(); }
   float* adam_v_device() const { return v_.as<float>(); }
 
+  // Called on the host during ForwardBackward each time the kernels that finish a flat gradient
+  // range [begin, end) have been *enqueued* on compute_stream() (the same ranges and order as the
+  // CPU model: model/parameters.h GradReadyRanges). For the data-parallel reducer, which records
+  // an event on the compute stream at that point and reduces the range on comm_stream().
+  using GradReadyHook = std::function<void(int64_t begin, int64_t end)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+
   cudaStream_t compute_stream() const { return stream_; }
   cudaStream_t comm_stream() const { return comm_stream_; }
   cudaStream_t copy_stream() const { return copy_stream_; }
@@ -174,6 +182,7 @@ class GPT2Cuda {
   cuda::DType dtype_;
   Options options_;
   cudaStream_t stream_ = nullptr, comm_stream_ = nullptr, copy_stream_ = nullptr;
+  GradReadyHook grad_ready_;
   cudaEvent_t backward_done_ = nullptr;
   std::unique_ptr<cuda::CublasContext> blas_;
   GPT2CudaMemory memory_;

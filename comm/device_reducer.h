@@ -1,0 +1,74 @@
+// DeviceGradientReducer: the GPU counterpart of GradientReducer (comm/reducer.h) — averages a flat
+// device gradient buffer (fp32 or bf16) over the ranks of an NcclCommunicator, bucket by bucket,
+// overlapping with the backward pass. CUDA builds only.
+//
+// Buckets are planned exactly as on the CPU (PlanBuckets over the model's GradReadyRanges). The
+// model calls MarkReady() on the host right after it has *enqueued* the kernels that finish a
+// range; when a bucket becomes complete the reducer records an event on the compute stream, makes
+// the communication stream wait for it, and enqueues an NCCL average (ncclAvg all-reduce; NCCL's
+// ring/tree algorithms give every rank the same result) of the bucket on the communication stream.
+// Finish() makes the compute stream wait for the communication stream, so the optimizer that
+// follows sees averaged gradients without any host synchronisation.
+//
+// Compression codecs on GPUs: the fused kernels exist (comm/codec.h, tf::comm::cuda) but are not
+// wired here yet; only exact reduction (codec none) is accepted.
+//
+// Statistics: the exposed communication time is measured with CUDA events (end of backward to end
+// of the last reduction) and is available after the compute stream has passed Finish()'s wait
+// (LastStats() then synchronises on the events).
+//
+// Thread safety: one host thread. Not copyable.
+#pragma once
+#if defined(TF_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "comm/nccl_communicator.h"
+#include "comm/reducer.h"
+
+namespace tf::comm {
+
+class DeviceGradientReducer {
+ public:
+  // grads: device buffer of n elements of `dt` (kF32 or kBF16), outliving the reducer.
+  static StatusOr<std::unique_ptr<DeviceGradientReducer>> Create(
+      NcclCommunicator* comm, void* grads, DataType dt, int64_t n,
+      const std::vector<std::pair<int64_t, int64_t>>& ready_order, const ReducerOptions& options,
+      cudaStream_t compute_stream);
+  ~DeviceGradientReducer();
+  DeviceGradientReducer(const DeviceGradientReducer&) = delete;
+  DeviceGradientReducer& operator=(const DeviceGradientReducer&) = delete;
+
+  void BeginStep();
+  // [begin, end) is final once the compute-stream work enqueued so far has run.
+  void MarkReady(int64_t begin, int64_t end);
+  // Enqueues the compute stream's wait for every bucket. Errors: an NCCL/CUDA call failed, or a
+  // range was never marked ready.
+  Status Finish();
+  // Stats of the last finished step (synchronises on its events).
+  StatusOr<ReducerStats> LastStats();
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+ private:
+  DeviceGradientReducer() = default;
+  Status LaunchBucket(size_t i);
+
+  NcclCommunicator* comm_ = nullptr;
+  char* grads_ = nullptr;
+  DataType dt_ = DataType::kF32;
+  int64_t n_ = 0;
+  cudaStream_t compute_ = nullptr;
+  std::vector<Bucket> buckets_;
+  std::vector<int64_t> pending_;
+  std::vector<cudaEvent_t> ready_events_;  // one per bucket (compute stream)
+  cudaEvent_t backward_end_ = nullptr, comm_end_ = nullptr;  // timing
+  Status error_;
+  int launched_ = 0;
+  int64_t wire_bytes_ = 0;
+};
+
+}  // namespace tf::comm
+#endif  // TF_WITH_CUDA
