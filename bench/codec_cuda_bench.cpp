@@ -16,118 +16,35 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <random>
 #include <string>
-#include <vector>
 
+#include "bench/cuda_bench_util.h"
 #include "comm/codec.h"
 #include "kernels/cuda_runtime.h"
 
 namespace tf {
 namespace {
 
+using bench::CopyBandwidth;
+using bench::Failed;
+using bench::SkipWithoutDevice;
+using bench::TimeLaunches;
 using cuda::DeviceBuffer;
 
 constexpr long kN = 25 * 1024 * 1024 / 4;  // one 25 MiB bucket of fp32 gradients
-constexpr int kWarmUpLaunches = 3;
 const char* const kSpecs[] = {"none", "bf16", "fp16", "int8", "int8-sr", "sign", "topk:0.01", "topk:0.1"};
 
-// Device-to-device copy bandwidth (bytes read + written per second), best of 5 copies of 1 GiB
-// after one warm-up copy. 0 if it cannot be measured.
-double CopyBandwidth() {
-  static const double rate = [] {
-    const size_t bytes = size_t(1) << 30;
-    auto a = DeviceBuffer::Allocate(bytes), b = DeviceBuffer::Allocate(bytes);
-    if (!a.ok() || !b.ok()) return 0.0;
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    float best_ms = 1e30f;
-    for (int r = 0; r < 6; ++r) {
-      cudaEventRecord(start, nullptr);
-      cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, nullptr);
-      cudaEventRecord(stop, nullptr);
-      cudaEventSynchronize(stop);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      if (r > 0) best_ms = std::min(best_ms, ms);
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    const double r = 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
-    std::fprintf(stderr, "ceiling: %s, device-to-device copy %.1f GB/s\n", cuda::DeviceDescription(0).c_str(),
-                 r * 1e-9);
-    return r;
-  }();
-  return rate;
-}
-
-bool SkipWithoutDevice(benchmark::State& state) {
-  if (cuda::DeviceCount() > 0) return false;
-  state.SkipWithError("no CUDA device");
-  return true;
-}
-
-bool Failed(benchmark::State& state, const Status& s) {
-  if (s.ok()) return false;
-  state.SkipWithError(s.ToString().c_str());
-  return true;
-}
-
-// Times `launch` (enqueues on the default stream, returns a Status) with CUDA events, after a few
-// warm-up launches.
-template <typename F>
-void TimeLaunches(benchmark::State& state, F&& launch) {
-  for (int i = 0; i < kWarmUpLaunches; ++i) {
-    if (Failed(state, launch())) return;
-  }
-  if (cudaDeviceSynchronize() != cudaSuccess) {
-    state.SkipWithError("warm-up failed");
-    return;
-  }
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (auto _ : state) {
-    cudaEventRecord(start, nullptr);
-    const Status s = launch();
-    cudaEventRecord(stop, nullptr);
-    cudaEventSynchronize(stop);
-    if (Failed(state, s)) break;
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms * 1e-3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
-
+// bytes_per_second counts the 4 n fp32 gradient bytes; of_copy_bw the compulsory traffic.
 void Report(benchmark::State& state, const comm::CodecConfig& c, double traffic_bytes) {
-  using benchmark::Counter;
-  state.SetBytesProcessed(static_cast<int64_t>(4.0 * kN * static_cast<double>(state.iterations())));
-  const double ceiling = CopyBandwidth();
-  if (ceiling > 0) state.counters["of_copy_bw"] = Counter(traffic_bytes / ceiling, Counter::kIsIterationInvariantRate);
+  bench::ReportBytes(state, 4.0 * kN, traffic_bytes);
   state.counters["ratio"] = comm::CompressionRatio(c, kN);
 }
 
-// n fp32 values N(0, scale) on the device.
+// n fp32 values N(0, scale) on the device, every one drawn (no repeated pattern).
 StatusOr<DeviceBuffer> RandomDevice(long n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> h(static_cast<size_t>(n));
-  for (float& x : h) x = dist(rng);
-  TF_ASSIGN_OR_RETURN(DeviceBuffer d, DeviceBuffer::Allocate(h.size() * sizeof(float)));
-  TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-  return d;
+  return bench::RandomDevice(static_cast<size_t>(n), cuda::DType::kF32, scale, seed, static_cast<size_t>(n));
 }
-
-#define TF_BENCH_ASSIGN(var, expr)              \
-  auto var##_or = (expr);                       \
-  if (Failed(state, var##_or.status())) return; \
-  DeviceBuffer var = std::move(var##_or).value()
 
 void BM_CudaCodecEncode(benchmark::State& state, const std::string& spec) {
   if (SkipWithoutDevice(state)) return;

@@ -18,8 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <random>
 #include <set>
 #include <vector>
@@ -27,6 +25,7 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
+#include "bench/cuda_bench_util.h"
 #include "kernels/classifier.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/encoder.h"
@@ -36,131 +35,20 @@
 namespace tf {
 namespace {
 
+using bench::Failed;
+using bench::RandomDevice;
+using bench::ReportBytes;
+using bench::SkipWithoutDevice;
+using bench::TimeLaunches;
 using cuda::DeviceBuffer;
 using cuda::DType;
 
 constexpr int kB = 16, kT = 1024, kN = kB * kT, kC = 768;
 constexpr int kV = 50257, kVp = 50304, kMaxT = 1024;
 constexpr long kParams = 124'475'904;  // GPT-2 124M with the padded vocabulary
-constexpr int kWarmUpLaunches = 3;
 
 DType ArgDType(const benchmark::State& state) { return state.range(0) != 0 ? DType::kBF16 : DType::kF32; }
 double ElemBytes(DType dt) { return static_cast<double>(cuda::DTypeSize(dt)); }
-
-// ---- Ceiling --------------------------------------------------------------------------------------
-
-// Device-to-device copy bandwidth (bytes read + written per second), best of 5 copies of 1 GiB.
-// 0 if it cannot be measured.
-double CopyBandwidth() {
-  static const double rate = [] {
-    const size_t bytes = size_t(1) << 30;
-    auto a = DeviceBuffer::Allocate(bytes), b = DeviceBuffer::Allocate(bytes);
-    if (!a.ok() || !b.ok()) return 0.0;
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    float best_ms = 1e30f;
-    for (int r = 0; r < 6; ++r) {  // the first copy is a warm-up
-      cudaEventRecord(start, nullptr);
-      cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, nullptr);
-      cudaEventRecord(stop, nullptr);
-      cudaEventSynchronize(stop);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      if (r > 0) best_ms = std::min(best_ms, ms);
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    const double r = 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
-    std::fprintf(stderr, "ceiling: %s, device-to-device copy %.1f GB/s\n", cuda::DeviceDescription(0).c_str(),
-                 r * 1e-9);
-    return r;
-  }();
-  return rate;
-}
-
-void ReportBytes(benchmark::State& state, double bytes_per_iter) {
-  using benchmark::Counter;
-  state.SetBytesProcessed(static_cast<int64_t>(bytes_per_iter * static_cast<double>(state.iterations())));
-  const double ceiling = CopyBandwidth();
-  if (ceiling > 0) state.counters["of_copy_bw"] = Counter(bytes_per_iter / ceiling, Counter::kIsIterationInvariantRate);
-}
-
-// ---- Harness --------------------------------------------------------------------------------------
-
-bool SkipWithoutDevice(benchmark::State& state) {
-  if (cuda::DeviceCount() > 0) return false;
-  state.SkipWithError("no CUDA device");
-  return true;
-}
-
-// Reports a failed Status (or allocation) as a skipped benchmark; true if it failed.
-bool Failed(benchmark::State& state, const Status& s) {
-  if (s.ok()) return false;
-  state.SkipWithError(s.ToString().c_str());
-  return true;
-}
-
-// Times `launch` (which enqueues the kernel(s) on the default stream and returns a Status) with CUDA
-// events, after a few warm-up launches.
-template <typename F>
-void TimeLaunches(benchmark::State& state, F&& launch) {
-  for (int i = 0; i < kWarmUpLaunches; ++i) {
-    if (Failed(state, launch())) return;
-  }
-  if (cudaDeviceSynchronize() != cudaSuccess) {
-    state.SkipWithError("warm-up failed");
-    return;
-  }
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (auto _ : state) {
-    cudaEventRecord(start, nullptr);
-    const Status s = launch();
-    cudaEventRecord(stop, nullptr);
-    cudaEventSynchronize(stop);
-    if (Failed(state, s)) break;
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms * 1e-3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
-
-uint16_t FloatToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (inputs are finite)
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// A device buffer of n elements of `dt` filled with N(0, scale) values: a random block of up to 1M
-// elements uploaded, then repeated by doubling device-to-device copies.
-StatusOr<DeviceBuffer> RandomDevice(size_t n, DType dt, float scale, uint32_t seed) {
-  const size_t es = cuda::DTypeSize(dt);
-  TF_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Allocate(n * es));
-  const size_t block = std::min<size_t>(n, size_t(1) << 20);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> f(block);
-  for (float& x : f) x = dist(rng);
-  char* d = static_cast<char*>(buf.data());
-  if (dt == DType::kF32) {
-    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, f.data(), block * 4, cudaMemcpyHostToDevice));
-  } else {
-    std::vector<uint16_t> h(block);
-    for (size_t i = 0; i < block; ++i) h[i] = FloatToBf16(f[i]);
-    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, h.data(), block * 2, cudaMemcpyHostToDevice));
-  }
-  for (size_t done = block; done < n;) {
-    const size_t chunk = std::min(done, n - done);
-    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(d + done * es, d, chunk * es, cudaMemcpyDeviceToDevice));
-    done += chunk;
-  }
-  return buf;
-}
 
 // Token ids: uniform over [0, V), or log-uniform (p(k) ~ 1/(k+1), a Zipf-like law: the most frequent
 // token takes ~9% of the positions), which exercises encoder_backward's hot-token runs.
@@ -180,12 +68,6 @@ StatusOr<DeviceBuffer> UploadInts(const std::vector<int32_t>& v) {
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(buf.data(), v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   return buf;
 }
-
-// Unwraps a StatusOr<DeviceBuffer> into `var`, or skips the benchmark.
-#define TF_BENCH_ASSIGN(var, expr)                        \
-  auto var##_or = (expr);                                 \
-  if (Failed(state, var##_or.status())) return;           \
-  DeviceBuffer var = std::move(var##_or).value()
 
 // ---- Encoder ------------------------------------------------------------------------------------
 

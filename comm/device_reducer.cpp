@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "kernels/cuda_runtime.h"
+#include "kernels/elementwise.h"
 
 namespace tf::comm {
 
@@ -17,27 +18,45 @@ StatusOr<std::unique_ptr<DeviceGradientReducer>> DeviceGradientReducer::Create(
   if (dt != DataType::kF32 && dt != DataType::kBF16) {
     return Status::InvalidArgument("device reducer: gradients must be fp32 or bf16");
   }
-  if (options.codec.kind != CodecKind::kNone) {
-    return Status::Unimplemented("gradient compression ({}) on GPUs is not wired into the GPU reducer yet; use "
-                                 "compression none with --device cuda",
-                                 CodecName(options.codec));
-  }
-  // Same validation and plan as the host reducer.
-  std::vector<std::pair<int64_t, int64_t>> sorted = ready_order;
-  std::sort(sorted.begin(), sorted.end());
-  int64_t expect = 0;
-  for (auto [b, e] : sorted) {
-    if (b != expect || e <= b) return Status::InvalidArgument("device reducer: ready ranges do not tile the gradients");
-    expect = e;
-  }
-  if (expect != n) return Status::InvalidArgument("device reducer: ready ranges cover {} of {} elements", expect, n);
+  TF_RETURN_IF_ERROR(CheckTiles(ready_order, n));
   std::unique_ptr<DeviceGradientReducer> r(new DeviceGradientReducer());
   r->comm_ = comm;
   r->grads_ = static_cast<char*>(grads);
   r->dt_ = dt;
   r->n_ = n;
   r->compute_ = compute_stream;
+  r->options_ = options;
   r->buckets_ = PlanBuckets(ready_order, options.bucket_bytes, options.first_bucket_bytes);
+  if (options.codec.lossy()) {
+    TF_RETURN_IF_ERROR(ValidateCodec(options.codec));
+    const int W = comm->world();
+    int64_t max_bucket = 0, max_shard = 0;
+    size_t most = 0, sparse = 0;
+    for (const Bucket& b : r->buckets_) {
+      max_bucket = std::max(max_bucket, b.size());
+      sparse = std::max(sparse, EncodedBytes(options.codec, b.size()));
+      for (int k = 0; k < W; ++k) {
+        const auto [s0, e0] = ShardOf(b, k, W, options.codec);
+        max_shard = std::max(max_shard, e0 - s0);
+        most = std::max(most, EncodedBytes(options.codec, e0 - s0));
+      }
+    }
+    r->most_bytes_ = (most + 7) / 8 * 8;
+    const size_t block = options.codec.sparse() ? sparse : r->most_bytes_;
+    auto alloc = [](::tf::cuda::DeviceBuffer* buf, size_t bytes) -> Status {
+      TF_ASSIGN_OR_RETURN(*buf, ::tf::cuda::DeviceBuffer::Allocate(std::max<size_t>(bytes, 16)));
+      TF_CUDA_RETURN_IF_ERROR(cudaMemset(buf->data(), 0, buf->bytes()));
+      return Status::OK();
+    };
+    if (dt == DataType::kBF16) TF_RETURN_IF_ERROR(alloc(&r->work_, static_cast<size_t>(max_bucket) * 4));
+    if (options.error_feedback) {
+      TF_RETURN_IF_ERROR(alloc(&r->residual_, static_cast<size_t>(n) * 4));
+      if (!options.codec.sparse()) TF_RETURN_IF_ERROR(alloc(&r->server_, static_cast<size_t>(n) * 4));
+    }
+    TF_RETURN_IF_ERROR(alloc(&r->send_, block * static_cast<size_t>(W)));
+    TF_RETURN_IF_ERROR(alloc(&r->recv_, block * static_cast<size_t>(W)));
+    TF_RETURN_IF_ERROR(alloc(&r->shard_, static_cast<size_t>(max_shard) * 4));
+  }
   r->pending_.assign(r->buckets_.size(), 0);
   r->ready_events_.assign(r->buckets_.size(), nullptr);
   for (cudaEvent_t& e : r->ready_events_) {
@@ -56,7 +75,8 @@ DeviceGradientReducer::~DeviceGradientReducer() {
   if (comm_end_ != nullptr) cudaEventDestroy(comm_end_);
 }
 
-void DeviceGradientReducer::BeginStep() {
+void DeviceGradientReducer::BeginStep(int64_t step) {
+  step_ = step;
   for (size_t i = 0; i < buckets_.size(); ++i) pending_[i] = buckets_[i].size();
   error_ = Status::OK();
   launched_ = 0;
@@ -68,10 +88,81 @@ Status DeviceGradientReducer::LaunchBucket(size_t i) {
   cudaStream_t comm = comm_->stream();
   TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_events_[i], compute_));
   TF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm, ready_events_[i], 0));
-  TF_RETURN_IF_ERROR(comm_->AllReduceAverage(grads_ + b.begin * static_cast<int64_t>(DataTypeSize(dt_)), b.size(), dt_));
   const int W = comm_->world();
-  wire_bytes_ += 2 * b.size() * static_cast<int64_t>(DataTypeSize(dt_)) * (W - 1) / W;
+  char* g = grads_ + b.begin * static_cast<int64_t>(DataTypeSize(dt_));
   ++launched_;
+  if (!options_.codec.lossy()) {
+    TF_RETURN_IF_ERROR(comm_->AllReduceAverage(g, b.size(), dt_));
+    wire_bytes_ += 2 * b.size() * static_cast<int64_t>(DataTypeSize(dt_)) * (W - 1) / W;
+    return Status::OK();
+  }
+  // Lossy: fp32 view of the bucket (staged for bf16), reduced with the codec, written back.
+  float* x = reinterpret_cast<float*>(g);
+  if (dt_ == DataType::kBF16) {
+    x = work_.as<float>();
+    TF_RETURN_IF_ERROR(::tf::cuda::convert(x, ::tf::cuda::DType::kF32, g, ::tf::cuda::DType::kBF16, b.size(), comm));
+  }
+  const uint64_t seed = MixSeed(options_.seed ^ MixSeed(static_cast<uint64_t>(step_) * 1315423911ULL + i));
+  TF_RETURN_IF_ERROR(options_.codec.sparse() ? ReduceSparse(b, x, seed) : ReduceDense(b, x, seed));
+  if (dt_ == DataType::kBF16) {
+    TF_RETURN_IF_ERROR(::tf::cuda::convert(g, ::tf::cuda::DType::kBF16, x, ::tf::cuda::DType::kF32, b.size(), comm));
+  }
+  return Status::OK();
+}
+
+Status DeviceGradientReducer::ReduceDense(const Bucket& b, float* x, uint64_t seed) {
+  const CodecConfig& c = options_.codec;
+  const int W = comm_->world(), me = comm_->rank();
+  cudaStream_t stream = comm_->stream();
+  char* send = send_.as<char>();
+  char* recv = recv_.as<char>();
+  float* residual = residual_.bytes() > 0 ? residual_.as<float>() : nullptr;
+  float* server = server_.bytes() > 0 ? server_.as<float>() : nullptr;
+  // Phase 1: encode every shard of (x + residual); all-to-all; the owner averages its shard.
+  for (int r = 0; r < W; ++r) {
+    const auto [s0, e0] = ShardOf(b, r, W, c);
+    TF_RETURN_IF_ERROR(cuda::Encode(c, x + (s0 - b.begin), residual ? residual + s0 : nullptr, e0 - s0,
+                                    send + most_bytes_ * static_cast<size_t>(r),
+                                    MixSeed(MixSeed(seed ^ (0x5851f42d4c957f2dULL * static_cast<uint64_t>(me + 1))) +
+                                            2 * static_cast<uint64_t>(r)),
+                                    stream));
+  }
+  TF_RETURN_IF_ERROR(comm_->AllToAll(send, recv, most_bytes_));
+  const auto [ms, me_end] = ShardOf(b, me, W, c);
+  const int64_t mine = me_end - ms;
+  TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(shard_.data(), 0, static_cast<size_t>(mine) * 4, stream));
+  for (int r = 0; r < W; ++r) {
+    TF_RETURN_IF_ERROR(cuda::DecodeAccumulate(c, recv + most_bytes_ * static_cast<size_t>(r), mine,
+                                              1.0f / static_cast<float>(W), shard_.as<float>(), stream));
+  }
+  // Phase 2: the owner re-encodes the average (server residual); all-gather; everyone decodes.
+  TF_RETURN_IF_ERROR(cuda::Encode(c, shard_.as<float>(), server ? server + ms : nullptr, mine, send,
+                                  MixSeed(seed + 2 * static_cast<uint64_t>(me) + 1), stream));
+  TF_RETURN_IF_ERROR(comm_->AllGather(send, recv, most_bytes_));
+  for (int r = 0; r < W; ++r) {
+    const auto [s0, e0] = ShardOf(b, r, W, c);
+    TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(x + (s0 - b.begin), 0, static_cast<size_t>(e0 - s0) * 4, stream));
+    TF_RETURN_IF_ERROR(cuda::DecodeAccumulate(c, recv + most_bytes_ * static_cast<size_t>(r), e0 - s0, 1.0f,
+                                              x + (s0 - b.begin), stream));
+  }
+  wire_bytes_ += 2 * static_cast<int64_t>(most_bytes_) * (W - 1);
+  return Status::OK();
+}
+
+Status DeviceGradientReducer::ReduceSparse(const Bucket& b, float* x, uint64_t seed) {
+  const CodecConfig& c = options_.codec;
+  const int W = comm_->world();
+  cudaStream_t stream = comm_->stream();
+  const size_t bytes = EncodedBytes(c, b.size());
+  float* residual = residual_.bytes() > 0 ? residual_.as<float>() + b.begin : nullptr;
+  TF_RETURN_IF_ERROR(cuda::Encode(c, x, residual, b.size(), send_.data(), seed, stream));
+  TF_RETURN_IF_ERROR(comm_->AllGather(send_.data(), recv_.data(), bytes));
+  TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(x, 0, static_cast<size_t>(b.size()) * 4, stream));
+  for (int r = 0; r < W; ++r) {
+    TF_RETURN_IF_ERROR(cuda::DecodeAccumulate(c, recv_.as<char>() + bytes * static_cast<size_t>(r), b.size(),
+                                              1.0f / static_cast<float>(W), x, stream));
+  }
+  wire_bytes_ += static_cast<int64_t>(bytes) * (W - 1);
   return Status::OK();
 }
 

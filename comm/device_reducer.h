@@ -10,8 +10,11 @@
 // Finish() makes the compute stream wait for the communication stream, so the optimizer that
 // follows sees averaged gradients without any host synchronisation.
 //
-// Compression codecs on GPUs: the fused kernels exist (comm/codec.h, tf::comm::cuda) but are not
-// wired here yet; only exact reduction (codec none) is accepted.
+// Codecs: `none` is one NCCL average (ncclAvg) per bucket, in the gradients' own dtype. Lossy
+// codecs run the host reducer's algorithms (two-phase all-to-all / all-gather for dense codecs,
+// all-gather of pairs for top-k) with the fused CUDA codec kernels (comm/codec.h, tf::comm::cuda:
+// the same bytes as the CPU codecs), all on the communication stream; bf16 gradients are staged
+// through an fp32 buffer per bucket (error-feedback residuals are fp32, on the device).
 //
 // Statistics: the exposed communication time is measured with CUDA events (end of backward to end
 // of the last reduction) and is available after the compute stream has passed Finish()'s wait
@@ -28,6 +31,7 @@
 
 #include "comm/nccl_communicator.h"
 #include "comm/reducer.h"
+#include "kernels/cuda_runtime.h"
 
 namespace tf::comm {
 
@@ -42,7 +46,7 @@ class DeviceGradientReducer {
   DeviceGradientReducer(const DeviceGradientReducer&) = delete;
   DeviceGradientReducer& operator=(const DeviceGradientReducer&) = delete;
 
-  void BeginStep();
+  void BeginStep(int64_t step);
   // [begin, end) is final once the compute-stream work enqueued so far has run.
   void MarkReady(int64_t begin, int64_t end);
   // Enqueues the compute stream's wait for every bucket. Errors: an NCCL/CUDA call failed, or a
@@ -55,6 +59,15 @@ class DeviceGradientReducer {
  private:
   DeviceGradientReducer() = default;
   Status LaunchBucket(size_t i);
+  Status ReduceDense(const Bucket& b, float* x, uint64_t seed);
+  Status ReduceSparse(const Bucket& b, float* x, uint64_t seed);
+
+  ReducerOptions options_;
+  int64_t step_ = 0;
+  // Lossy codecs only (device memory): fp32 staging for bf16 gradients, error-feedback residuals,
+  // encoded send/receive buffers, the owner's fp32 shard.
+  ::tf::cuda::DeviceBuffer work_, residual_, server_, send_, recv_, shard_;
+  size_t most_bytes_ = 0;  // per-rank encoded block size for the dense all-to-all/all-gather
 
   NcclCommunicator* comm_ = nullptr;
   char* grads_ = nullptr;

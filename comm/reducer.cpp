@@ -16,15 +16,43 @@ double MsSince(Clock::time_point t0) { return std::chrono::duration<double, std:
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// splitmix64: distinct, reproducible stochastic-rounding seeds per (step, bucket, shard, phase).
-uint64_t Mix(uint64_t x) {
+uint64_t Mix(uint64_t x) { return MixSeed(x); }
+
+}  // namespace
+
+uint64_t MixSeed(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
 }
 
-}  // namespace
+Status CheckTiles(const std::vector<std::pair<int64_t, int64_t>>& ready_order, int64_t n) {
+  std::vector<std::pair<int64_t, int64_t>> sorted = ready_order;
+  std::sort(sorted.begin(), sorted.end());
+  int64_t expect = 0;
+  for (auto [b, e] : sorted) {
+    if (b != expect || e <= b) {
+      return Status::InvalidArgument("gradient reducer: ready ranges do not tile the gradient buffer (gap or overlap "
+                                     "at element {})",
+                                     expect);
+    }
+    expect = e;
+  }
+  if (expect != n) {
+    return Status::InvalidArgument("gradient reducer: ready ranges cover {} of {} gradient elements", expect, n);
+  }
+  return Status::OK();
+}
+
+std::pair<int64_t, int64_t> ShardOf(const Bucket& b, int r, int W, const CodecConfig& codec) {
+  int64_t align = 16;  // 64-byte lines
+  if (codec.kind == CodecKind::kInt8 || codec.kind == CodecKind::kSign) align = std::max<int64_t>(align, codec.block);
+  const int64_t len = RoundUp((b.size() + W - 1) / W, align);
+  const int64_t s = std::min(b.end, b.begin + len * r);
+  const int64_t e = std::min(b.end, s + len);
+  return {s, e};
+}
 
 std::vector<Bucket> PlanBuckets(const std::vector<std::pair<int64_t, int64_t>>& ready_order, int64_t bucket_bytes,
                                 int64_t first_bucket_bytes) {
@@ -81,22 +109,7 @@ StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
     return Status::InvalidArgument("gradient reducer: bucket sizes must be at least 4 bytes (got {} and {})",
                                    options.bucket_bytes, options.first_bucket_bytes);
   }
-  // ready_order must tile [0, grads.size()) exactly once.
-  std::vector<std::pair<int64_t, int64_t>> sorted = ready_order;
-  std::sort(sorted.begin(), sorted.end());
-  int64_t expect = 0;
-  for (auto [b, e] : sorted) {
-    if (b != expect || e <= b) {
-      return Status::InvalidArgument("gradient reducer: ready ranges do not tile the gradient buffer (gap or overlap "
-                                     "at element {})",
-                                     expect);
-    }
-    expect = e;
-  }
-  if (expect != static_cast<int64_t>(grads.size())) {
-    return Status::InvalidArgument("gradient reducer: ready ranges cover {} of {} gradient elements", expect,
-                                   grads.size());
-  }
+  TF_RETURN_IF_ERROR(CheckTiles(ready_order, static_cast<int64_t>(grads.size())));
   std::unique_ptr<GradientReducer> r(new GradientReducer(comm, grads, options));
   r->buckets_ = PlanBuckets(ready_order, options.bucket_bytes, options.first_bucket_bytes);
   const int W = comm->world();
@@ -151,15 +164,7 @@ GradientReducer::~GradientReducer() {
 }
 
 std::pair<int64_t, int64_t> GradientReducer::Shard(const Bucket& b, int r) const {
-  const int W = comm_->world();
-  int64_t align = 16;  // 64-byte lines
-  if (options_.codec.kind == CodecKind::kInt8 || options_.codec.kind == CodecKind::kSign) {
-    align = std::max<int64_t>(align, options_.codec.block);
-  }
-  const int64_t len = RoundUp((b.size() + W - 1) / W, align);
-  const int64_t s = std::min(b.end, b.begin + len * r);
-  const int64_t e = std::min(b.end, s + len);
-  return {s, e};
+  return ShardOf(b, r, comm_->world(), options_.codec);
 }
 
 void GradientReducer::BeginStep(int64_t step) {

@@ -75,6 +75,14 @@ struct ReducerStats {
 // Splits `ready_order` ranges into buckets as described above. Pure; exposed for tests.
 std::vector<Bucket> PlanBuckets(const std::vector<std::pair<int64_t, int64_t>>& ready_order, int64_t bucket_bytes,
                                 int64_t first_bucket_bytes);
+// Checks that ready_order tiles [0, n) exactly once (InvalidArgument naming the gap otherwise).
+Status CheckTiles(const std::vector<std::pair<int64_t, int64_t>>& ready_order, int64_t n);
+// The flat range [begin, end) of bucket b owned by rank r of W in the two-phase algorithms: equal
+// shards rounded up to 16 elements (and to the codec block for int8/sign), the last ones shorter
+// or empty. Shared by the host and device reducers.
+std::pair<int64_t, int64_t> ShardOf(const Bucket& b, int r, int W, const CodecConfig& codec);
+// splitmix64 finaliser, for reproducible per-(step, bucket, rank, shard) codec seeds.
+uint64_t MixSeed(uint64_t x);
 
 class GradientReducer {
  public:

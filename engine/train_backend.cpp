@@ -91,8 +91,8 @@ class CudaBackend final : public TrainBackend {
     });
     return Status::OK();
   }
-  void BeginDeviceReduction() override {
-    if (reducer_) reducer_->BeginStep();
+  void BeginDeviceReduction(int64_t step) override {
+    if (reducer_) reducer_->BeginStep(step);
   }
   void set_reduce_on_backward(bool on) override { reduce_now_ = on && reducer_ != nullptr; }
   Status FinishDeviceReduction() override { return reducer_ ? reducer_->Finish() : Status::OK(); }
@@ -152,6 +152,14 @@ int CudaDeviceCount() {
   return cuda::DeviceCount();
 #else
   return 0;
+#endif
+}
+
+bool TrainBackendHasCuda() {
+#if defined(TF_WITH_CUDA)
+  return true;
+#else
+  return false;
 #endif
 }
 

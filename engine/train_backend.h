@@ -55,7 +55,7 @@ class TrainBackend {
   // Per step: Begin, then the last micro-step's backward feeds the reducer (set_reduce_on_backward),
   // then Finish (enqueues the compute stream's wait; no host sync), and after the optimizer step
   // the stats of the reduction.
-  virtual void BeginDeviceReduction() {}
+  virtual void BeginDeviceReduction(int64_t step) {}
   virtual void set_reduce_on_backward(bool on) {}
   virtual Status FinishDeviceReduction() { return Status::OK(); }
   virtual StatusOr<comm::ReducerStats> DeviceReductionStats() { return comm::ReducerStats{}; }
@@ -72,5 +72,7 @@ StatusOr<std::unique_ptr<TrainBackend>> MakeCudaBackend(const GPT2Config& config
                                                         int device);
 // Number of usable CUDA devices (0 in CPU-only builds or without a driver).
 int CudaDeviceCount();
+// Whether this build has the CUDA backend.
+bool TrainBackendHasCuda();
 
 }  // namespace tf

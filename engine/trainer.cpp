@@ -78,6 +78,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
   const int gpus = CudaDeviceCount();
   const bool cuda = train.device == "cuda" || (train.device == "auto" && gpus > 0);
   if (cuda) {
+    if (gpus == 0) {
+      return Status::InvalidArgument("device \"cuda\" requested but no CUDA GPU is visible{} (use device \"cpu\" or "
+                                     "\"auto\")",
+                                     TrainBackendHasCuda() ? "" : " and this trainflow was built without CUDA");
+    }
     if (topo.local_rank >= gpus) {
       return Status::InvalidArgument("rank {} is local rank {} on host {}, but only {} GPU{} visible there: start at "
                                      "most one rank per GPU",
@@ -120,14 +125,14 @@ Status Trainer::SetUpDataParallel() {
   ro.error_feedback = config_.error_feedback;
   ro.seed = config_.seed;
   if (backend_->host_grads().empty()) {  // gradients on a device: NCCL + the device reducer
-    if (config_.compression != "none") {
-      return Status::Unimplemented("compression '{}' with device {}: GPU gradient compression is not wired into "
-                                   "the GPU reducer yet (the CUDA codec kernels exist); use compression none",
-                                   config_.compression, config_.device);
+    if (config_.compression == "auto") {
+      return Status::Unimplemented("compression auto is measured with the host reducer; on GPUs name a codec "
+                                   "(none, bf16, fp16, int8, int8-sr, sign, topk:D)");
     }
+    TF_ASSIGN_OR_RETURN(ro.codec, comm::ParseCodec(config_.compression));
     TF_RETURN_IF_ERROR(backend_->SetUpDeviceDataParallel(topology_, ro));
     device_dp_ = true;
-    compression_reason_ = "NCCL average, device reducer";
+    compression_reason_ = "device reducer over NCCL";
     return Status::OK();
   }
   const auto ranges = GradReadyRanges(backend_->layout());
@@ -146,7 +151,10 @@ Status Trainer::SetUpDataParallel() {
   return Status::OK();
 }
 
-std::string Trainer::compression() const { return reducer_ ? comm::CodecName(reducer_->options().codec) : "none"; }
+std::string Trainer::compression() const {
+  if (reducer_) return comm::CodecName(reducer_->options().codec);
+  return device_dp_ ? config_.compression : "none";
+}
 
 StatusOr<double> Trainer::MeanOverRanks(double x) {
   if (topology_.world == 1 || !comm_) return x;
@@ -170,7 +178,7 @@ StatusOr<StepStats> Trainer::Step(int step) {
   const int accum = config_.grad_accum_steps;
   TF_RETURN_IF_ERROR(backend_->ZeroGrad());
   if (reducer_) reducer_->BeginStep(step);
-  if (device_dp_) backend_->BeginDeviceReduction();
+  if (device_dp_) backend_->BeginDeviceReduction(step);
   double loss = 0.0;
   for (int micro = 0; micro < accum; ++micro) {
     train_data_->Load(int64_t{step} * accum + micro, inputs_.data(), targets_.data());
@@ -243,7 +251,9 @@ StatusOr<TrainResult> Trainer::Run() {
     fmt::print("device: {}\n", backend_->Describe());
     if (topology_.world > 1 || dp) {
       fmt::print("data parallel: {}\n", topology_.Describe());
-      if (reducer_) {
+      if (device_dp_) {
+        fmt::print("gradient reduction: on the GPU, compression {} ({})\n", compression(), compression_reason_);
+      } else if (reducer_) {
         fmt::print("gradient reduction: {} buckets (first {:.2f} MiB, then up to {:.2f} MiB), compression {} ({})\n",
                    reducer_->buckets().size(), reducer_->buckets().front().size() * 4 / double(1 << 20),
                    config_.bucket_mb, compression(), compression_reason_);

@@ -35,6 +35,13 @@ __global__ void AccumulateKernel(T* dst, const T* src, long n) {
   }
 }
 
+template <typename D, typename S>
+__global__ void ConvertKernel(D* dst, const S* src, long n) {
+  for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
+    dst[i] = FromFloat<D>(ToFloat(src[i]));
+  }
+}
+
 // Grid-stride loops: at most 64K blocks, enough to fill any current GPU many times over.
 unsigned Grid(long n) { return std::min<unsigned>(CeilDiv(n, kBlock), 65535u); }
 
@@ -80,6 +87,17 @@ Status accumulate(void* dst, const void* src, long n, DType dt, cudaStream_t str
   return DispatchDType(dt, [&]<typename T>() {
     AccumulateKernel<T><<<Grid(n), kBlock, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(src), n);
     return TF_CHECK_LAUNCH("AccumulateKernel");
+  });
+}
+
+Status convert(void* dst, DType dst_dt, const void* src, DType src_dt, long n, cudaStream_t stream) {
+  TF_RETURN_IF_ERROR(CheckN(n, "convert"));
+  if (n == 0) return Status::OK();
+  return DispatchDType(dst_dt, [&]<typename D>() {
+    return DispatchDType(src_dt, [&]<typename S>() {
+      ConvertKernel<D, S><<<Grid(n), kBlock, 0, stream>>>(static_cast<D*>(dst), static_cast<const S*>(src), n);
+      return TF_CHECK_LAUNCH("ConvertKernel");
+    });
   });
 }
 

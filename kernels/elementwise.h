@@ -20,5 +20,8 @@ Status gelu_forward(void* out, const void* inp, long n, DType dt, cudaStream_t s
 Status gelu_backward(void* dinp, const void* inp, const void* dout, long n, DType dt, cudaStream_t stream);
 Status residual_forward(void* out, const void* a, const void* b, long n, DType dt, cudaStream_t stream);
 Status accumulate(void* dst, const void* src, long n, DType dt, cudaStream_t stream);
+// dst[i] = src[i] converted between storage types (fp32 <-> bf16 rounds to nearest even; equal
+// types copy). For staging bf16 gradients through fp32 code (the data-parallel codecs).
+Status convert(void* dst, DType dst_dt, const void* src, DType src_dt, long n, cudaStream_t stream);
 }  // namespace tf::cuda
 #endif

@@ -33,6 +33,13 @@ for bin in "$OUT"/bin/*; do
   done
 done
 cp -L /lib64/ld-linux-x86-64.so.2 "$OUT/lib/"
+# The default corpus as token files, for gpu_check's training runs (the GPU machine has no fortunes).
+if [[ ! -f data/fortunes/train.bin ]]; then
+  "$BUILD/trainflow" prepare --input /usr/share/games/fortunes --delimiter % --val-fraction 0.05 \
+    --out-dir data/fortunes >/dev/null
+fi
+mkdir -p "$OUT/data"
+cp data/fortunes/train.bin data/fortunes/val.bin "$OUT/data/"
 strip --strip-unneeded "$OUT"/bin/* 2>/dev/null || true
 # Carried as one compressed file (the device tool's working-tree limit is 64 MiB; OpenBLAS alone
 # is 36 MB unpacked); gpu_check.sh unpacks it.

@@ -7,6 +7,8 @@
 #   1b. compute-sanitizer (memcheck, racecheck) on the flash attention kernels' small-shape tests,
 #   2. the CUDA kernel benchmarks (every bench/*_cuda_bench.cpp: GB/s, TFLOP/s against peaks),
 #   3. an end-to-end `trainflow bench` of GPT-2 124M at B=16, T=1024 on the GPU (tokens/s, MFU),
+#   4. `trainflow train --device cuda` on the default corpus, without and with int8 gradient
+#      compression (the device reducer with the CUDA codecs and NCCL at world size 1),
 # ending with a short table. Every step runs under `timeout`, and the timeouts are cut to what is
 # left of a global budget (GPU_CHECK_BUDGET seconds, default 470: the whole script stays within
 # 8 minutes; a step with no time left is skipped and says so). The full log goes to
@@ -106,7 +108,7 @@ echo; echo "== 2. CUDA kernel benchmarks"
 for bench in "$B"/bin/*_cuda_bench; do
   [[ -x "$bench" ]] || continue
   name=$(basename "$bench")
-  t=$(bounded 75 90)  # keeps 90 s for the end-to-end bench
+  t=$(bounded 75 120)  # keeps 120 s for the end-to-end bench and the training runs
   if ((t < 10)); then SUMMARY+=("$name: skipped (time budget)"); continue; fi
   timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run $name --benchmark_min_time=0.1" \
     2>&1 | tee "$OUTDIR/$name.txt" | grep -E "^BM_|ceiling|peak" | head -60
@@ -121,7 +123,7 @@ fi
 echo; echo "== 3. end-to-end trainflow bench on the GPU"
 if run trainflow bench --help 2>/dev/null | grep -q -- "--device"; then
   for dt in bf16 fp32; do
-    t=$(bounded 75)
+    t=$(bounded 75 40)  # keeps 40 s for the training runs
     if ((t < 15)); then SUMMARY+=("GPT-2 124M B=16 T=1024 $dt: skipped (time budget)"); continue; fi
     line=$(timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow bench \
       --device cuda --dtype $dt --model configs/model/gpt2-124m.json --batch-size 16 --seq-len 1024 --steps 20 --warmup 5" \
@@ -130,6 +132,23 @@ if run trainflow bench --help 2>/dev/null | grep -q -- "--device"; then
   done
 else
   SUMMARY+=("end-to-end: this build's trainflow has no --device option yet (GPU model not wired)")
+fi
+
+echo; echo "== 4. GPU training on the default corpus (byte-small, 300 steps, bf16; CPU reference: val 2.5865)"
+if [[ -f "$B/data/train.bin" ]]; then
+  for c in none int8; do
+    t=$(bounded 40)
+    if ((t < 10)); then SUMMARY+=("GPU train compression $c: skipped (time budget)"); continue; fi
+    line=$(timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow train \
+      --device cuda --dtype bf16 --model configs/model/byte-small.json --train configs/train/fortunes.json \
+      --train_data $B/data/train.bin --val_data $B/data/val.bin --max_steps 300 --eval_interval 0 \
+      --sample_tokens 0 --log_interval 100 --out_dir $OUTDIR/train_$c --compression $c" 2>&1 \
+      | tee -a "$OUTDIR/train.txt" | grep -E "eval  step|error" | tail -1)
+    ms=$(grep -E "^step +300/300" "$OUTDIR/train.txt" | tail -1 | sed -n 's/.*| *\([0-9.]*\) ms.*/\1/p')
+    SUMMARY+=("GPU train compression $c: ${line:-failed (see train.txt)} (last step ${ms:-?} ms)")
+  done
+else
+  SUMMARY+=("GPU train: no data in the bundle")
 fi
 
 echo; echo "== summary ($((SECONDS - START)) s of a ${BUDGET} s budget)"

@@ -37,6 +37,7 @@ class TrainerTest : public ::testing::Test {
     train_.eval_batches = 2;
     train_.sample_tokens = 0;
     train_.train_data = (dir_ / "train.bin").string();
+    train_.device = "cpu";  // these tests pin CPU results (bit-exact determinism, resume)
     train_.val_data = (dir_ / "val.bin").string();
     train_.out_dir = (dir_ / "out").string();
   }
@@ -122,6 +123,16 @@ TEST_F(TrainerTest, WritesLoadableOutputs) {
   ASSERT_TRUE((*trainer)->backend().GetParams(a).ok());
   ASSERT_TRUE((*again)->backend().GetParams(b).ok());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+TEST_F(TrainerTest, CudaDeviceWithoutGpuIsAClearError) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is visible";
+  TrainConfig t = train_;
+  t.device = "cuda";
+  auto trainer = Trainer::Create(model_, t, Trainer::Options{.print_progress = false, .write_outputs = false});
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_NE(trainer.status().message().find("no CUDA GPU is visible"), std::string::npos)
+      << trainer.status().ToString();
 }
 
 }  // namespace

@@ -40,6 +40,16 @@ TEST_P(ElementwiseCuda, MatchesCpu) {
     cpu::accumulate(acc.data(), b.data(), n);
     ASSERT_TRUE(cuda::accumulate(da.data(), db.data(), n, dt, nullptr).ok());
     test::ExpectClose(da.Download(), acc, test::Tolerance(dt), "accumulate n=" + std::to_string(n));
+
+    // convert: to fp32 and back, bit-exact against the host rounding rule.
+    auto f32 = DeviceArray::Poisoned(n, cuda::DType::kF32);
+    DeviceArray src(b, dt);
+    ASSERT_TRUE(cuda::convert(f32.data(), cuda::DType::kF32, src.data(), dt, n, nullptr).ok());
+    const std::vector<float> expect = dt == cuda::DType::kBF16 ? test::RoundBf16(b) : b;
+    EXPECT_EQ(f32.Download(), expect) << "convert to fp32 n=" << n;
+    auto back = DeviceArray::Poisoned(n, dt);
+    ASSERT_TRUE(cuda::convert(back.data(), dt, f32.data(), cuda::DType::kF32, n, nullptr).ok());
+    EXPECT_EQ(back.Download(), expect) << "convert from fp32 n=" << n;
   }
 }
 
