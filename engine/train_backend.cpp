@@ -72,6 +72,11 @@ class CudaBackend final : public TrainBackend {
   StatusOr<float> Forward(const int32_t* inputs, const int32_t* targets, int B, int T) override {
     return model_->Forward(inputs, targets, B, T);
   }
+  Status ForwardBackwardAccumulate(const int32_t* inputs, const int32_t* targets, int B, int T,
+                                   float grad_scale) override {
+    return model_->ForwardBackwardAccumulate(inputs, targets, B, T, grad_scale);
+  }
+  StatusOr<double> TakeLossSum() override { return model_->TakeLossSum(); }
   StatusOr<float> OptimizerStep(double lr, int64_t t) override { return model_->Step(adamw_, lr, t); }
   Status GetParams(std::span<float> out) override { return model_->StoreParams(out); }
   Status SetParams(std::span<const float> in) override { return model_->LoadParams(in); }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "comm/process_group.h"
 #include "comm/reducer.h"
@@ -33,6 +34,16 @@ class TrainBackend {
   virtual StatusOr<float> ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int T,
                                           float grad_scale) = 0;
   virtual StatusOr<float> Forward(const int32_t* inputs, const int32_t* targets, int B, int T) = 0;
+  // The training loop's form: as ForwardBackward, with the micro-batch's mean loss added to an
+  // accumulator read (and reset) by TakeLossSum() once per step — on a device this avoids a host
+  // synchronisation per micro-batch.
+  virtual Status ForwardBackwardAccumulate(const int32_t* inputs, const int32_t* targets, int B, int T,
+                                           float grad_scale) {
+    TF_ASSIGN_OR_RETURN(const float loss, ForwardBackward(inputs, targets, B, T, grad_scale));
+    loss_sum_ += loss;
+    return Status::OK();
+  }
+  virtual StatusOr<double> TakeLossSum() { return std::exchange(loss_sum_, 0.0); }
   // Global-norm clip + AdamW on the (already averaged) gradients; returns the norm before clipping.
   virtual StatusOr<float> OptimizerStep(double lr, int64_t t) = 0;
 
@@ -59,6 +70,9 @@ class TrainBackend {
   virtual void set_reduce_on_backward(bool on) {}
   virtual Status FinishDeviceReduction() { return Status::OK(); }
   virtual StatusOr<comm::ReducerStats> DeviceReductionStats() { return comm::ReducerStats{}; }
+
+ private:
+  double loss_sum_ = 0.0;
 };
 
 // The CPU backend: plans activations for B x T and initialises nothing (call SetParams or use

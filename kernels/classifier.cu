@@ -97,4 +97,33 @@ Status crossentropy_forward_backward(void* logits, float* losses, const int32_t*
   });
 }
 
+namespace {
+
+constexpr int kLossBlock = 1024;
+
+// One block: thread t sums losses t, t + 1024, ... in double; then a fixed shared-memory tree.
+__global__ void __launch_bounds__(kLossBlock) AccumulateLossKernel(const float* losses, int N, double scale,
+                                                                    double* acc) {
+  __shared__ double part[kLossBlock];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < N; i += kLossBlock) s += static_cast<double>(losses[i]);
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int stride = kLossBlock / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) part[threadIdx.x] += part[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *acc += scale * part[0];
+}
+
+}  // namespace
+
+Status accumulate_loss(const float* losses, int N, double scale, double* acc_device, cudaStream_t stream) {
+  if (N < 0) return InvalidArgument("accumulate_loss: N = " + std::to_string(N) + " < 0");
+  if (N == 0) return Status::OK();
+  if (losses == nullptr || acc_device == nullptr) return InvalidArgument("accumulate_loss: null pointer");
+  AccumulateLossKernel<<<1, kLossBlock, 0, stream>>>(losses, N, scale, acc_device);
+  return TF_CHECK_LAUNCH("AccumulateLossKernel");
+}
+
 }  // namespace tf::cuda

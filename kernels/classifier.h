@@ -24,5 +24,9 @@ namespace tf::cuda {
 // gives a NaN loss and no one-hot term instead of an out-of-bounds read).
 Status crossentropy_forward_backward(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                      float dloss, DType dt, cudaStream_t stream);
+// *acc_device += scale * sum(losses[0..N)) in double, by one block in a fixed order (deterministic):
+// the loss of a micro-batch is accumulated on the device, so the trainer reads it once per step
+// instead of synchronising after every micro-batch.
+Status accumulate_loss(const float* losses, int N, double scale, double* acc_device, cudaStream_t stream);
 }  // namespace tf::cuda
 #endif

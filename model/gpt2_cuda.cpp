@@ -137,7 +137,7 @@ GPT2Cuda::Plan GPT2Cuda::MakePlan(const GPT2Config& config, int max_batch, int m
   m.backward = static_cast<size_t>(p.a.total - p.a.forward_end) * es;
   m.stats = static_cast<size_t>(p.s.total) * 4;
   m.scratch = p.scratch_bytes;
-  m.other = 2 * static_cast<size_t>(N) * sizeof(int32_t) + sizeof(double);
+  m.other = 2 * static_cast<size_t>(N) * sizeof(int32_t) + 2 * sizeof(double);  // tokens, norm, loss sum
   m.buffers = m.params + m.grads + m.master + m.moments + m.activations + m.backward + m.stats + m.scratch + m.other;
   m.cublas_workspace = cuda::CublasContext::kWorkspaceBytes;
   m.total = m.buffers + m.cublas_workspace;
@@ -206,7 +206,8 @@ Status GPT2Cuda::Allocate() {
   TF_RETURN_IF_ERROR(alloc(&acts_, m.activations + m.backward));
   TF_RETURN_IF_ERROR(alloc(&stats_, m.stats));
   TF_RETURN_IF_ERROR(alloc(&tokens_, 2 * N * sizeof(int32_t)));
-  TF_RETURN_IF_ERROR(alloc(&norm_, sizeof(double)));
+  TF_RETURN_IF_ERROR(alloc(&norm_, 2 * sizeof(double)));  // [0] the norm, [1] the accumulated loss
+  TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(norm_.data(), 0, 2 * sizeof(double), stream_));
   TF_RETURN_IF_ERROR(alloc(&scratch_, plan_.scratch_bytes));
   if (allocated != m.buffers) {
     return Status::Internal("GPT2Cuda: allocated {} bytes but the plan says {}", allocated, m.buffers);
@@ -470,6 +471,35 @@ StatusOr<float> GPT2Cuda::ForwardBackward(const int32_t* inputs, const int32_t* 
   TF_RETURN_IF_ERROR(RunBackward(B, T));
   TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(backward_done_, stream_));
   return MeanLoss(N);
+}
+
+Status GPT2Cuda::ForwardBackwardAccumulate(const int32_t* inputs, const int32_t* targets, int B, int T,
+                                           float grad_scale) {
+  if (B <= 0 || T <= 0 || B > max_batch_ || T > max_seq_) {
+    return Status::InvalidArgument("batch {}x{} outside the plan ({}x{})", B, T, max_batch_, max_seq_);
+  }
+  const int N = B * T;
+  int32_t* dev = tokens_.as<int32_t>();
+  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, inputs, N * 4, cudaMemcpyHostToDevice, stream_));
+  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev + N, targets, N * 4, cudaMemcpyHostToDevice, stream_));
+  TF_RETURN_IF_ERROR(RunForward(B, T));
+  float* losses = stats_.as<float>() + plan_.s.losses;
+  TF_RETURN_IF_ERROR(cuda::crossentropy_forward_backward(At(acts_, plan_.a.logits), losses, dev + N, N,
+                                                         config_.vocab_size, config_.padded_vocab_size,
+                                                         grad_scale / static_cast<float>(N), dtype_, stream_));
+  TF_RETURN_IF_ERROR(cuda::accumulate_loss(losses, N, 1.0 / N, norm_.as<double>() + 1, stream_));
+  TF_RETURN_IF_ERROR(RunBackward(B, T));
+  TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(backward_done_, stream_));
+  return Status::OK();
+}
+
+StatusOr<double> GPT2Cuda::TakeLossSum() {
+  double sum = 0;
+  TF_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&sum, norm_.as<double>() + 1, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(norm_.as<double>() + 1, 0, sizeof(double), stream_));
+  TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return sum;
 }
 
 StatusOr<float> GPT2Cuda::Step(const AdamWConfig& c, double lr, int64_t t) {

@@ -109,6 +109,11 @@ class GPT2Cuda {
   // backward_done_event() on the compute stream after the last gradient kernel. (Returns after the
   // compute stream has synchronised: the loss is read back.)
   StatusOr<float> ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale);
+  // As ForwardBackward, but the micro-batch's mean loss is added to a device accumulator instead
+  // of being read back: no host synchronisation, so the next micro-batch is enqueued while this
+  // one runs. TakeLossSum() returns the accumulated sum and resets it (synchronises).
+  Status ForwardBackwardAccumulate(const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale);
+  StatusOr<double> TakeLossSum();
   // Global-norm clip + AdamW (decay mask from the layout) at `lr`, step t (1-based). Returns the norm.
   StatusOr<float> Step(const AdamWConfig& config, double lr, int64_t t);
 

@@ -127,6 +127,29 @@ TEST_P(CrossEntropyCuda, RejectsBadShapes) {
   EXPECT_TRUE(cuda::crossentropy_forward_backward(nullptr, nullptr, nullptr, 0, 4, 8, 1.0f, dt, nullptr).ok());
 }
 
+// The device loss accumulator equals a float64 host sum (it sums in double too; only the order
+// differs) and accumulates across calls.
+TEST(AccumulateLossCuda, MatchesHostSumAndAccumulates) {
+  TF_SKIP_WITHOUT_GPU();
+  for (int n : {1, 7, 1023, 1024, 1025, 16 * 1024 + 3}) {
+    std::vector<float> losses(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) losses[static_cast<size_t>(i)] = 0.5f + 0.001f * static_cast<float>(i % 977);
+    double want = 0;
+    for (float x : losses) want += x;
+    test::DeviceArray d(losses, cuda::DType::kF32);
+    double* acc = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&acc), sizeof(double)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(acc, 0, sizeof(double)), cudaSuccess);
+    ASSERT_TRUE(cuda::accumulate_loss(static_cast<const float*>(d.data()), n, 0.25, acc, nullptr).ok());
+    ASSERT_TRUE(cuda::accumulate_loss(static_cast<const float*>(d.data()), n, 0.5, acc, nullptr).ok());
+    double got = 0;
+    ASSERT_EQ(cudaMemcpy(&got, acc, sizeof(double), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_NEAR(got, 0.75 * want, 1e-12 * want) << n;
+    cudaFree(acc);
+  }
+  EXPECT_FALSE(cuda::accumulate_loss(nullptr, 3, 1.0, nullptr, nullptr).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, CrossEntropyCuda, ::testing::Values(cuda::DType::kF32, cuda::DType::kBF16),
                          [](const auto& info) { return std::string(cuda::DTypeName(info.param)); });
 

@@ -203,6 +203,44 @@ TEST_P(GPT2CudaRecompute, BitIdenticalToStoringAndDeterministic) {
     }
   }
 }
+// The training loop's form (device loss accumulator, no per-micro-batch sync) gives the same
+// gradients and the same losses as ForwardBackward: two micro-batches with grad_scale 1/2.
+TEST(GPT2CudaAccumulate, SameGradientsAndLossesAsForwardBackward) {
+  TF_SKIP_WITHOUT_GPU();
+  const GPT2Config c = Hs64Config();
+  const int B = 2, T = 19;
+  auto cpu = GPT2::Create(c, B, T);
+  ASSERT_TRUE(cpu.ok());
+  (*cpu)->InitWeights(5);
+  std::vector<int32_t> in, tg;
+  Batch(c, B, T, &in, &tg);
+  for (cuda::DType dt : {cuda::DType::kF32, cuda::DType::kBF16}) {
+    auto a = GPT2Cuda::Create(c, B, T, dt), b = GPT2Cuda::Create(c, B, T, dt);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_TRUE((*a)->LoadParams((*cpu)->params()).ok());
+    ASSERT_TRUE((*b)->LoadParams((*cpu)->params()).ok());
+    ASSERT_TRUE((*a)->ZeroGrad().ok());
+    ASSERT_TRUE((*b)->ZeroGrad().ok());
+    double want = 0;
+    for (int micro = 0; micro < 2; ++micro) {
+      auto l = (*a)->ForwardBackward(in.data(), tg.data(), B, T, 0.5f);
+      ASSERT_TRUE(l.ok());
+      want += *l;
+      ASSERT_TRUE((*b)->ForwardBackwardAccumulate(in.data(), tg.data(), B, T, 0.5f).ok());
+    }
+    auto got = (*b)->TakeLossSum();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_NEAR(*got, want, 1e-6 * want) << cuda::DTypeName(dt);
+    auto again = (*b)->TakeLossSum();  // reset after reading
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, 0.0);
+    std::vector<float> ga((*cpu)->grads().size()), gb(ga.size());
+    ASSERT_TRUE((*a)->StoreGrads(ga).ok());
+    ASSERT_TRUE((*b)->StoreGrads(gb).ok());
+    EXPECT_EQ(std::memcmp(ga.data(), gb.data(), ga.size() * 4), 0) << cuda::DTypeName(dt) << " grads";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, GPT2CudaRecompute, ::testing::Values(cuda::DType::kF32, cuda::DType::kBF16),
                          [](const auto& info) { return std::string(cuda::DTypeName(info.param)); });
 
