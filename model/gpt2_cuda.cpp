@@ -457,24 +457,17 @@ StatusOr<float> GPT2Cuda::Forward(const int32_t* inputs, const int32_t* targets,
 
 StatusOr<float> GPT2Cuda::ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int T,
                                           float grad_scale) {
-  if (B <= 0 || T <= 0 || B > max_batch_ || T > max_seq_) {
-    return Status::InvalidArgument("batch {}x{} outside the plan ({}x{})", B, T, max_batch_, max_seq_);
-  }
-  const int N = B * T;
-  int32_t* dev = tokens_.as<int32_t>();
-  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, inputs, N * 4, cudaMemcpyHostToDevice, stream_));
-  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev + N, targets, N * 4, cudaMemcpyHostToDevice, stream_));
-  TF_RETURN_IF_ERROR(RunForward(B, T));
-  TF_RETURN_IF_ERROR(cuda::crossentropy_forward_backward(At(acts_, plan_.a.logits), stats_.as<float>() + plan_.s.losses,
-                                                         dev + N, N, config_.vocab_size, config_.padded_vocab_size,
-                                                         grad_scale / static_cast<float>(N), dtype_, stream_));
-  TF_RETURN_IF_ERROR(RunBackward(B, T));
-  TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(backward_done_, stream_));
-  return MeanLoss(N);
+  TF_RETURN_IF_ERROR(TrainingPass(inputs, targets, B, T, grad_scale, /*accumulate_loss=*/false));
+  return MeanLoss(B * T);
 }
 
 Status GPT2Cuda::ForwardBackwardAccumulate(const int32_t* inputs, const int32_t* targets, int B, int T,
                                            float grad_scale) {
+  return TrainingPass(inputs, targets, B, T, grad_scale, /*accumulate_loss=*/true);
+}
+
+Status GPT2Cuda::TrainingPass(const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale,
+                              bool accumulate_loss) {
   if (B <= 0 || T <= 0 || B > max_batch_ || T > max_seq_) {
     return Status::InvalidArgument("batch {}x{} outside the plan ({}x{})", B, T, max_batch_, max_seq_);
   }
@@ -487,7 +480,9 @@ Status GPT2Cuda::ForwardBackwardAccumulate(const int32_t* inputs, const int32_t*
   TF_RETURN_IF_ERROR(cuda::crossentropy_forward_backward(At(acts_, plan_.a.logits), losses, dev + N, N,
                                                          config_.vocab_size, config_.padded_vocab_size,
                                                          grad_scale / static_cast<float>(N), dtype_, stream_));
-  TF_RETURN_IF_ERROR(cuda::accumulate_loss(losses, N, 1.0 / N, norm_.as<double>() + 1, stream_));
+  if (accumulate_loss) {
+    TF_RETURN_IF_ERROR(cuda::accumulate_loss(losses, N, 1.0 / N, norm_.as<double>() + 1, stream_));
+  }
   TF_RETURN_IF_ERROR(RunBackward(B, T));
   TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(backward_done_, stream_));
   return Status::OK();

@@ -172,6 +172,10 @@ class GPT2Cuda {
   GPT2Cuda(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype, const Options& options);
   Status Allocate();
   Status RunForward(int B, int T);
+  // Tokens to the device, forward, fused loss + dlogits, backward; optionally adds the mean loss
+  // to the device accumulator.
+  Status TrainingPass(const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale,
+                      bool accumulate_loss);
   Status RunBackward(int B, int T);
   Status AttentionForward(int l, int B, int T);
   Status AttentionBackward(int l, int B, int T);
