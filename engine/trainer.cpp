@@ -119,6 +119,15 @@ Status Trainer::SetUpDataParallel() {
   if (topology_.world == 1 && !compress) return Status::OK();
   // The host communicator also carries the loss/eval averages and the initial broadcast on GPUs.
   TF_ASSIGN_OR_RETURN(comm_, comm::MakeHostCommunicator(topology_));
+  {  // Every rank's host and device, for the start-up report.
+    constexpr size_t kLine = 160;
+    std::string mine = fmt::format("rank {} on {} (local rank {}): {}", topology_.rank, topology_.hostname,
+                                   topology_.local_rank, backend_->Describe());
+    mine.resize(kLine, '\0');
+    std::string all(kLine * static_cast<size_t>(topology_.world), '\0');
+    TF_RETURN_IF_ERROR(comm_->AllGather(mine.data(), all.data(), kLine));
+    for (int r = 0; r < topology_.world; ++r) rank_devices_.emplace_back(all.c_str() + kLine * static_cast<size_t>(r));
+  }
   comm::ReducerOptions ro;
   ro.bucket_bytes = static_cast<int64_t>(config_.bucket_mb * (1 << 20));
   ro.first_bucket_bytes = static_cast<int64_t>(config_.first_bucket_mb * (1 << 20));
@@ -251,6 +260,7 @@ StatusOr<TrainResult> Trainer::Run() {
     fmt::print("device: {}\n", backend_->Describe());
     if (topology_.world > 1 || dp) {
       fmt::print("data parallel: {}\n", topology_.Describe());
+      for (const std::string& line : rank_devices_) fmt::print("  {}\n", line);
       if (device_dp_) {
         fmt::print("gradient reduction: on the GPU, compression {} ({})\n", compression(), compression_reason_);
       } else if (reducer_) {

@@ -94,6 +94,7 @@ class Trainer {
   bool reduce_this_micro_step_ = false;  // the grad-ready hook forwards to the reducer only then
   bool device_dp_ = false;               // the backend reduces device gradients itself (NCCL)
   std::string compression_reason_;       // why this codec (printed at start)
+  std::vector<std::string> rank_devices_;  // "rank r on host (local rank l): device", every rank
   std::optional<DataLoader> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<GPT2> sampler_model_;  // host copy for sampling when the backend is a device
