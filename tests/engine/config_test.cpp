@@ -189,7 +189,9 @@ TEST(TrainConfigTest, OutOfRangeValuesAreRejected) {
       {"lr", -1e-3},        {"beta1", 1.0},      {"beta1", 1.5},         {"beta2", 1.0},
       {"batch_size", 0},    {"seq_len", -1},     {"grad_accum_steps", 0}, {"max_steps", -1},
       {"eps", 0.0},         {"weight_decay", -0.1}, {"grad_clip", -1.0}, {"log_interval", 0},
-      {"sample_temperature", 0.0},
+      {"sample_temperature", 0.0}, {"device", "tpu"}, {"dtype", "fp8"}, {"compression", "int4"},
+      {"compression", "topk:0"}, {"compression", "topk:1.5"}, {"bucket_mb", 0.0}, {"first_bucket_mb", -1.0},
+      {"error_feedback", 1},
   };
   for (const auto& [key, value] : cases) {
     SCOPED_TRACE(key + " = " + value.dump());
