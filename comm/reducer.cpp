@@ -202,6 +202,7 @@ Status GradientReducer::Finish() {
   // writing into the gradients).
   int queued_total = 0;
   for (int64_t p : pending_) queued_total += p <= 0 ? 1 : 0;
+  running_.overlapped_buckets = done_;
   cv_.wait(lock, [&] { return done_ >= queued_total; });
   running_.exposed_ms = MsSince(t0);
   stats_ = running_;

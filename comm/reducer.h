@@ -68,6 +68,7 @@ struct ReducerStats {
   double comm_ms = 0;        // time inside collectives (communication thread)
   double codec_ms = 0;       // time encoding/decoding (communication thread)
   double exposed_ms = 0;     // time Finish() waited: communication not hidden behind backward
+  int overlapped_buckets = 0;  // buckets already reduced when Finish() was called (hidden by backward)
   double busbw_gbps() const { return comm_ms > 0 ? wire_bytes / (comm_ms * 1e6) : 0.0; }
   double compression() const { return wire_bytes > 0 ? static_cast<double>(raw_bytes) / wire_bytes : 0.0; }
 };
