@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -147,6 +148,20 @@ StatusOr<Topology> InitProcessGroup() {
   }
   TF_RETURN_IF_ERROR(g_init_status);
   return g_topology;
+}
+
+void AbortProcessGroupOnError(int code) {
+  int initialised = 0, finalized = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) return;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world <= 1) return;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
 }
 
 uint64_t Fingerprint(const std::string& value) { return XXH64(value.data(), value.size(), 0x7472666c6f77ULL); }

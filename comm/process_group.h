@@ -54,6 +54,11 @@ StatusOr<Topology> InitProcessGroup();
 // Returns OK at once when world == 1. REQUIRES: InitProcessGroup() succeeded.
 Status CheckSameOnAllRanks(const std::string& value, const std::string& what);
 
+// For main() after an error: in a multi-rank MPI job, flushes stdio and calls MPI_Abort(code), which
+// ends every rank (a failing rank must not leave its peers waiting in a collective, nor wait in
+// MPI_Finalize for them); otherwise returns and the caller exits normally.
+void AbortProcessGroupOnError(int code);
+
 // 64-bit fingerprint used by CheckSameOnAllRanks (xxhash64).
 uint64_t Fingerprint(const std::string& value);
 
