@@ -58,7 +58,8 @@ class Communicator {
   virtual Status Barrier() = 0;
 
   double timeout_seconds() const { return timeout_s_; }
-  void set_timeout_seconds(double s) { timeout_s_ = s; }
+  // Clamped to [1 ms, 1e7 s] (larger values, inf included, mean "practically never").
+  void set_timeout_seconds(double s) { timeout_s_ = s > 1e7 ? 1e7 : (s < 1e-3 ? 1e-3 : s); }
 
  protected:
   Communicator(int rank, int world) : rank_(rank), world_(world) {}
@@ -84,5 +85,8 @@ class SingleProcessCommunicator final : public Communicator {
 // MpiCommunicator over a duplicate of MPI_COMM_WORLD (so its traffic never mixes with other MPI
 // users). Reads TRAINFLOW_COMM_TIMEOUT.
 StatusOr<std::unique_ptr<Communicator>> MakeHostCommunicator(const Topology& topology);
+// TRAINFLOW_COMM_TIMEOUT in seconds (default 300); InvalidArgument naming the variable when it is
+// not a positive number. Used by every communicator.
+StatusOr<double> CommTimeoutFromEnvironment();
 
 }  // namespace tf::comm

@@ -63,15 +63,20 @@ StatusOr<std::unique_ptr<Communicator>> MakeHostCommunicator(const Topology& top
     TF_ASSIGN_OR_RETURN(auto mpi, MpiCommunicator::Create(MPI_COMM_WORLD));
     c = std::move(mpi);
   }
-  if (const char* t = std::getenv("TRAINFLOW_COMM_TIMEOUT"); t != nullptr && *t != '\0') {
-    char* end = nullptr;
-    const double s = std::strtod(t, &end);
-    if (end == t || *end != '\0' || !(s > 0)) {
-      return Status::InvalidArgument("TRAINFLOW_COMM_TIMEOUT='{}' is not a positive number of seconds", t);
-    }
-    c->set_timeout_seconds(s);
-  }
+  TF_ASSIGN_OR_RETURN(const double timeout, CommTimeoutFromEnvironment());
+  c->set_timeout_seconds(timeout);
   return c;
+}
+
+StatusOr<double> CommTimeoutFromEnvironment() {
+  const char* t = std::getenv("TRAINFLOW_COMM_TIMEOUT");
+  if (t == nullptr || *t == '\0') return 300.0;
+  char* end = nullptr;
+  const double s = std::strtod(t, &end);
+  if (end == t || *end != '\0' || !(s > 0)) {
+    return Status::InvalidArgument("TRAINFLOW_COMM_TIMEOUT='{}' is not a positive number of seconds", t);
+  }
+  return s;
 }
 
 // ---- MpiCommunicator -------------------------------------------------------------------------
@@ -177,7 +182,7 @@ Status IntCounts(std::span<const int64_t> counts, int world, const char* what, s
   }
   int64_t off = 0;
   for (int64_t n : counts) {
-    if (n < 0 || n > INT_MAX || off > INT_MAX) {
+    if (n < 0 || n > INT_MAX || off > INT_MAX || off + n > INT_MAX) {
       return Status::OutOfRange("{}: block of {} elements at {} exceeds MPI's int counts", what, n, off);
     }
     c->push_back(static_cast<int>(n));
@@ -198,7 +203,8 @@ Status MpiCommunicator::ReduceScatterSum(const void* send, void* recv, std::span
   TF_RETURN_IF_ERROR(IntCounts(counts, world_, "reduce-scatter", &c, &displs));
   MPI_Request req;
   TF_MPI_RETURN_IF_ERROR(MPI_Ireduce_scatter(send, recv, c.data(), ToMpi(dt), MPI_SUM, comm_, &req));
-  return Wait(&req, "reduce-scatter", static_cast<size_t>(displs.back() + c.back()) * DataTypeSize(dt));
+  return Wait(&req, "reduce-scatter",
+              (static_cast<size_t>(displs.back()) + static_cast<size_t>(c.back())) * DataTypeSize(dt));
 }
 
 Status MpiCommunicator::AllGatherV(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) {
@@ -208,7 +214,8 @@ Status MpiCommunicator::AllGatherV(const void* send, void* recv, std::span<const
   MPI_Request req;
   TF_MPI_RETURN_IF_ERROR(MPI_Iallgatherv(send, c[static_cast<size_t>(rank_)], ToMpi(dt), recv, c.data(),
                                          displs.data(), ToMpi(dt), comm_, &req));
-  return Wait(&req, "all-gather", static_cast<size_t>(displs.back() + c.back()) * DataTypeSize(dt));
+  return Wait(&req, "all-gather",
+              (static_cast<size_t>(displs.back()) + static_cast<size_t>(c.back())) * DataTypeSize(dt));
 }
 
 Status MpiCommunicator::AllGather(const void* send, void* recv, size_t bytes) {

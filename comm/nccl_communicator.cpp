@@ -50,7 +50,10 @@ const Nccl& LoadNccl() {
     auto attempt = [&](const std::string& path) {
       if (lib == nullptr && !path.empty()) {
         lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (lib == nullptr) tried.push_back(path);
+        if (lib == nullptr) {
+          const char* why = dlerror();
+          tried.push_back(why != nullptr ? std::string(why) : path);
+        }
       }
     };
     if (const char* p = std::getenv("TRAINFLOW_NCCL_LIBRARY")) attempt(p);
@@ -140,7 +143,13 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(const Topol
   if (topology.world > 1) {
     TF_MPI_RETURN_IF_ERROR(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
   }
+  int version = 0;
+  if (n.GetVersion(&version) != ncclSuccess || version < 21000) {
+    return Status::Unimplemented("NCCL {} is too old: TrainFlow needs 2.10 or newer (ncclAvg)", version);
+  }
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(topology.rank, topology.world, stream));
+  TF_ASSIGN_OR_RETURN(const double timeout, CommTimeoutFromEnvironment());
+  c->set_timeout_seconds(timeout);
   ncclComm_t comm = nullptr;
   const ncclResult_t r = n.CommInitRank(&comm, topology.world, id, topology.rank);
   if (r != ncclSuccess) {

@@ -60,7 +60,15 @@ Status InitLocked() {
 
   int already = 0;
   MPI_Initialized(&already);
-  if (!already) {
+  if (already) {  // someone else started MPI: it must still allow our communication thread
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE) {
+      return Status::Internal("MPI was initialised elsewhere with thread level {}, but TrainFlow needs "
+                              "MPI_THREAD_MULTIPLE",
+                              provided);
+    }
+  } else {
     int provided = 0;
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Init_thread");
@@ -76,7 +84,7 @@ Status InitLocked() {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   TF_MPI_RETURN_IF_ERROR(MPI_Comm_rank(MPI_COMM_WORLD, &t.rank));
   TF_MPI_RETURN_IF_ERROR(MPI_Comm_size(MPI_COMM_WORLD, &t.world));
-  if (hint.world > 1 && hint.world != t.world) {
+  if (hint.world > 1 && hint.world_known && hint.world != t.world) {
     return Status::InvalidArgument(
         "the launcher ({}) started {} ranks but MPI reports a world of {}: the program was probably "
         "launched by a different MPI than the one it was built with (TrainFlow uses Open MPI {}.{})",
@@ -131,7 +139,8 @@ EnvironmentHint ReadLauncherEnvironment() {
     h.local_world = EnvInt("SLURM_NTASKS_PER_NODE", (h.world + nodes - 1) / nodes);
   } else if (std::getenv("PMI_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr) {
     h.launcher = "pmi";
-    h.world = EnvInt("PMI_SIZE", 2);  // PMIx alone does not name the size: assume "several"
+    h.world_known = std::getenv("PMI_SIZE") != nullptr;
+    h.world = EnvInt("PMI_SIZE", 2);  // PMIx alone does not name the size: "several", checked by MPI
     h.rank = EnvInt("PMI_RANK", EnvInt("PMIX_RANK", 0));
     h.local_rank = EnvInt("MPI_LOCALRANKID", 0);
     h.local_world = EnvInt("MPI_LOCALNRANKS", 1);

@@ -39,6 +39,7 @@ struct Topology {
 // What the environment says before MPI starts (world 1 when nothing is set). Pure; for tests.
 struct EnvironmentHint {
   int rank = 0, world = 1, local_rank = 0, local_world = 1;
+  bool world_known = true;  // false when the launcher names no size (PMIx): world is then a guess
   std::string launcher = "none";
 };
 EnvironmentHint ReadLauncherEnvironment();

@@ -77,7 +77,13 @@ class CudaBackend final : public TrainBackend {
     return model_->ForwardBackwardAccumulate(inputs, targets, B, T, grad_scale);
   }
   StatusOr<double> TakeLossSum() override { return model_->TakeLossSum(); }
-  StatusOr<float> OptimizerStep(double lr, int64_t t) override { return model_->Step(adamw_, lr, t); }
+  StatusOr<float> OptimizerStep(double lr, int64_t t) override {
+    // The step synchronises on the gradient norm anyway; wait for the reduction first, with the
+    // communicator's deadline and NCCL's asynchronous errors, instead of blocking forever in the
+    // stream synchronisation if a peer is gone.
+    if (nccl_) TF_RETURN_IF_ERROR(nccl_->Synchronize());
+    return model_->Step(adamw_, lr, t);
+  }
   Status GetParams(std::span<float> out) override { return model_->StoreParams(out); }
   Status SetParams(std::span<const float> in) override { return model_->LoadParams(in); }
   std::span<float> host_grads() override { return {}; }

@@ -165,6 +165,17 @@ std::string Trainer::compression() const {
   return device_dp_ ? config_.compression : "none";
 }
 
+Status Trainer::WaitForRankZero() {
+  if (topology_.world == 1 || !comm_) return Status::OK();
+  // Rank 0 alone samples (minutes for a large model on a CPU): the others wait here without the
+  // collective deadline rather than time out in the next step's reduction.
+  const double deadline = comm_->timeout_seconds();
+  comm_->set_timeout_seconds(1e7);
+  Status s = comm_->Barrier();
+  comm_->set_timeout_seconds(deadline);
+  return s;
+}
+
 StatusOr<double> Trainer::MeanOverRanks(double x) {
   if (topology_.world == 1 || !comm_) return x;
   TF_RETURN_IF_ERROR(comm_->AllReduceSum(&x, 1, comm::DataType::kF64));
@@ -321,7 +332,10 @@ StatusOr<TrainResult> Trainer::Run() {
     if (!last && config_.eval_interval > 0 && (step + 1) % config_.eval_interval == 0) {
       TF_RETURN_IF_ERROR(evaluate(step + 1));
     }
-    if (!last && config_.sample_interval > 0 && (step + 1) % config_.sample_interval == 0) sample(step + 1);
+    if (!last && config_.sample_interval > 0 && (step + 1) % config_.sample_interval == 0) {
+      sample(step + 1);
+      TF_RETURN_IF_ERROR(WaitForRankZero());
+    }
   }
   TF_RETURN_IF_ERROR(evaluate(max_steps));
   sample(max_steps);

@@ -79,6 +79,8 @@ class Trainer {
   Trainer() = default;
   Status SetUpDataParallel();
   StatusOr<StepStats> Step(int step);
+  // Barrier after rank-0-only work (sampling), without the collective deadline.
+  Status WaitForRankZero();
   // Mean of `x` over ranks (x itself when world size is 1).
   StatusOr<double> MeanOverRanks(double x);
   std::string SampleText(int step);
