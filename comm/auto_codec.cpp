@@ -46,21 +46,30 @@ StatusOr<CodecChoice> ChooseCodec(Communicator* comm, int64_t grad_elements, con
   }
   // Rank 0 decides for everyone (timings differ slightly from rank to rank).
   TF_RETURN_IF_ERROR(comm->Broadcast(ms.data(), ms.size() * sizeof(double), 0));
+  return DecideCodec({std::begin(kCandidates), std::end(kCandidates)}, ms, grad_elements, comm->world(), "host");
+}
+
+StatusOr<CodecChoice> DecideCodec(const std::vector<std::string>& candidates, const std::vector<double>& ms,
+                                  int64_t grad_elements, int world, const std::string& where) {
+  if (candidates.empty() || candidates.size() != ms.size() || candidates[0] != "none") {
+    return Status::InvalidArgument("auto codec: candidates must start with none and match the timings");
+  }
+  CodecChoice choice;
   size_t best = 0;
   for (size_t i = 1; i < ms.size(); ++i) {
     if (ms[i] < ms[best]) best = i;
   }
   if (best != 0 && ms[best] > 0.95 * ms[0]) best = 0;  // a lossy codec must clearly pay
-  TF_ASSIGN_OR_RETURN(choice.codec, ParseCodec(kCandidates[best]));
+  TF_ASSIGN_OR_RETURN(choice.codec, ParseCodec(candidates[best]));
   std::string list;
   for (size_t i = 0; i < ms.size(); ++i) {
-    choice.candidates.push_back({kCandidates[i], ms[i]});
-    list += fmt::format("{}{} {:.0f} ms", i ? ", " : "", kCandidates[i], ms[i]);
+    choice.candidates.push_back({candidates[i], ms[i]});
+    list += fmt::format("{}{} {:.0f} ms", i ? ", " : "", candidates[i], ms[i]);
   }
-  const double gbps = ms[0] > 0 ? 2.0 * grad_elements * 4 * (comm->world() - 1) / comm->world() / (ms[0] * 1e6) : 0;
-  choice.reason = fmt::format("auto: reducing {:.1f} MB of gradients measured at {}; exact reduction runs at {:.2f} GB/s "
-                              "-> {}",
-                              grad_elements * 4 / 1e6, list, gbps, kCandidates[best]);
+  const double gbps = ms[0] > 0 ? 2.0 * grad_elements * 4 * (world - 1) / world / (ms[0] * 1e6) : 0;
+  choice.reason = fmt::format("auto ({}): reducing {:.1f} MB of gradients measured at {}; exact reduction runs at "
+                              "{:.2f} GB/s -> {}",
+                              where, grad_elements * 4 / 1e6, list, gbps, candidates[best]);
   return choice;
 }
 

@@ -35,4 +35,10 @@ struct CodecChoice {
 // feedback, seed) — its codec is ignored.
 StatusOr<CodecChoice> ChooseCodec(Communicator* comm, int64_t grad_elements, const ReducerOptions& base);
 
+// Turns per-candidate timings (ms for the full gradient, rank 0's, same order as candidates) into
+// the choice and its reason: the fastest, a lossy codec only if it beats `none` by more than 5%.
+// Shared by the host and device versions; pure (tested).
+StatusOr<CodecChoice> DecideCodec(const std::vector<std::string>& candidates, const std::vector<double>& ms,
+                                  int64_t grad_elements, int world, const std::string& where);
+
 }  // namespace tf::comm

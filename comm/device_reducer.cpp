@@ -2,6 +2,9 @@
 #include "comm/device_reducer.h"
 
 #include <algorithm>
+#include <chrono>
+#include <random>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -199,6 +202,55 @@ StatusOr<ReducerStats> DeviceGradientReducer::LastStats() {
   TF_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, backward_end_, comm_end_));
   s.exposed_ms = std::max(0.0f, ms);
   return s;
+}
+
+StatusOr<CodecChoice> ChooseDeviceCodec(NcclCommunicator* nccl, Communicator* host, DataType dt, int64_t grad_elements,
+                                        const ReducerOptions& base, cudaStream_t compute_stream) {
+  if (nccl->world() == 1) {
+    CodecChoice c;
+    c.reason = "one rank: nothing to send";
+    return c;
+  }
+  const int64_t n = std::max<int64_t>(1, std::min<int64_t>(grad_elements, int64_t{4} << 20));
+  std::vector<float> values(static_cast<size_t>(n));
+  std::mt19937 rng(1234u + static_cast<unsigned>(nccl->rank()));
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  for (float& v : values) v = normal(rng);
+  TF_ASSIGN_OR_RETURN(::tf::cuda::DeviceBuffer f32, ::tf::cuda::DeviceBuffer::Allocate(static_cast<size_t>(n) * 4));
+  TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(f32.data(), values.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+  ::tf::cuda::DeviceBuffer half;
+  void* probe = f32.data();
+  if (dt == DataType::kBF16) {
+    TF_ASSIGN_OR_RETURN(half, ::tf::cuda::DeviceBuffer::Allocate(static_cast<size_t>(n) * 2));
+    TF_RETURN_IF_ERROR(
+        ::tf::cuda::convert(half.data(), ::tf::cuda::DType::kBF16, f32.data(), ::tf::cuda::DType::kF32, n, compute_stream));
+    probe = half.data();
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int64_t e = n; e > 0; e -= int64_t{1} << 18) ranges.emplace_back(std::max<int64_t>(0, e - (int64_t{1} << 18)), e);
+  const std::vector<std::string> candidates = {"none", "bf16", "int8"};
+  std::vector<double> ms;
+  for (const std::string& name : candidates) {
+    ReducerOptions ro = base;
+    TF_ASSIGN_OR_RETURN(ro.codec, ParseCodec(name));
+    TF_ASSIGN_OR_RETURN(auto reducer, DeviceGradientReducer::Create(nccl, probe, dt, n, ranges, ro, compute_stream));
+    std::vector<double> times;
+    for (int rep = 0; rep <= 3; ++rep) {  // rep 0 warms up
+      TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream));
+      const auto t0 = std::chrono::steady_clock::now();
+      reducer->BeginStep(rep);
+      for (auto [b, e] : ranges) reducer->MarkReady(b, e);
+      TF_RETURN_IF_ERROR(reducer->Finish());
+      TF_RETURN_IF_ERROR(nccl->Synchronize());
+      TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream));
+      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) times.push_back(t);
+    }
+    std::sort(times.begin(), times.end());
+    ms.push_back(times[times.size() / 2] * static_cast<double>(grad_elements) / static_cast<double>(n));
+  }
+  TF_RETURN_IF_ERROR(host->Broadcast(ms.data(), ms.size() * sizeof(double), 0));
+  return DecideCodec(candidates, ms, grad_elements, nccl->world(), "GPU");
 }
 
 }  // namespace tf::comm

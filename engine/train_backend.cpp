@@ -90,9 +90,19 @@ class CudaBackend final : public TrainBackend {
   std::span<float> host_params() override { return {}; }
   void SetGradReadyHook(GPT2::GradReadyHook) override {}
 
+  StatusOr<comm::CodecChoice> ChooseDeviceCodec(const comm::Topology& topology, const comm::ReducerOptions& options,
+                                                comm::Communicator* host) override {
+    if (!nccl_) {
+      TF_ASSIGN_OR_RETURN(nccl_, comm::NcclCommunicator::Create(topology, model_->comm_stream()));
+    }
+    return comm::ChooseDeviceCodec(nccl_.get(), host, GradType(), model_->num_params(), options,
+                                   model_->compute_stream());
+  }
   Status SetUpDeviceDataParallel(const comm::Topology& topology, const comm::ReducerOptions& options) override {
-    TF_ASSIGN_OR_RETURN(nccl_, comm::NcclCommunicator::Create(topology, model_->comm_stream()));
-    const comm::DataType dt = model_->dtype() == cuda::DType::kBF16 ? comm::DataType::kBF16 : comm::DataType::kF32;
+    if (!nccl_) {
+      TF_ASSIGN_OR_RETURN(nccl_, comm::NcclCommunicator::Create(topology, model_->comm_stream()));
+    }
+    const comm::DataType dt = GradType();
     TF_ASSIGN_OR_RETURN(reducer_, comm::DeviceGradientReducer::Create(nccl_.get(), model_->grads_device(), dt,
                                                                       model_->num_params(),
                                                                       GradReadyRanges(model_->layout()), options,
@@ -107,6 +117,9 @@ class CudaBackend final : public TrainBackend {
   }
   void set_reduce_on_backward(bool on) override { reduce_now_ = on && reducer_ != nullptr; }
   Status FinishDeviceReduction() override { return reducer_ ? reducer_->Finish() : Status::OK(); }
+  comm::DataType GradType() const {
+    return model_->dtype() == cuda::DType::kBF16 ? comm::DataType::kBF16 : comm::DataType::kF32;
+  }
   StatusOr<comm::ReducerStats> DeviceReductionStats() override {
     if (!reducer_) return comm::ReducerStats{};
     return reducer_->LastStats();

@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/auto_codec.h"
 #include "comm/process_group.h"
 #include "comm/reducer.h"
 #include "kernels/optimizer.h"
@@ -66,6 +67,12 @@ class TrainBackend {
   // Per step: Begin, then the last micro-step's backward feeds the reducer (set_reduce_on_backward),
   // then Finish (enqueues the compute stream's wait; no host sync), and after the optimizer step
   // the stats of the reduction.
+  // `compression: auto` measured on the device (collective; `host` carries rank 0's timings).
+  virtual StatusOr<comm::CodecChoice> ChooseDeviceCodec(const comm::Topology& topology,
+                                                        const comm::ReducerOptions& options,
+                                                        comm::Communicator* host) {
+    return Status::Unimplemented("{} keeps gradients on the host", Describe());
+  }
   virtual void BeginDeviceReduction(int64_t step) {}
   virtual void set_reduce_on_backward(bool on) {}
   virtual Status FinishDeviceReduction() { return Status::OK(); }

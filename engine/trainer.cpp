@@ -135,13 +135,16 @@ Status Trainer::SetUpDataParallel() {
   ro.seed = config_.seed;
   if (backend_->host_grads().empty()) {  // gradients on a device: NCCL + the device reducer
     if (config_.compression == "auto") {
-      return Status::Unimplemented("compression auto is measured with the host reducer; on GPUs name a codec "
-                                   "(none, bf16, fp16, int8, int8-sr, sign, topk:D)");
+      TF_ASSIGN_OR_RETURN(comm::CodecChoice choice, backend_->ChooseDeviceCodec(topology_, ro, comm_.get()));
+      ro.codec = choice.codec;
+      compression_reason_ = choice.reason;
+    } else {
+      TF_ASSIGN_OR_RETURN(ro.codec, comm::ParseCodec(config_.compression));
+      compression_reason_ = "device reducer over NCCL";
     }
-    TF_ASSIGN_OR_RETURN(ro.codec, comm::ParseCodec(config_.compression));
+    device_codec_ = comm::CodecName(ro.codec);
     TF_RETURN_IF_ERROR(backend_->SetUpDeviceDataParallel(topology_, ro));
     device_dp_ = true;
-    compression_reason_ = "device reducer over NCCL";
     return Status::OK();
   }
   const auto ranges = GradReadyRanges(backend_->layout());
@@ -162,7 +165,7 @@ Status Trainer::SetUpDataParallel() {
 
 std::string Trainer::compression() const {
   if (reducer_) return comm::CodecName(reducer_->options().codec);
-  return device_dp_ ? config_.compression : "none";
+  return device_dp_ ? device_codec_ : "none";
 }
 
 Status Trainer::WaitForRankZero() {

@@ -95,6 +95,7 @@ class Trainer {
   std::unique_ptr<comm::GradientReducer> reducer_;
   bool reduce_this_micro_step_ = false;  // the grad-ready hook forwards to the reducer only then
   bool device_dp_ = false;               // the backend reduces device gradients itself (NCCL)
+  std::string device_codec_;             // its codec (chosen by auto or configured)
   std::string compression_reason_;       // why this codec (printed at start)
   std::vector<std::string> rank_devices_;  // "rank r on host (local rank l): device", every rank
   std::optional<DataLoader> train_data_, val_data_;

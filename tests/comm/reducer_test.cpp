@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/auto_codec.h"
 #include "comm/communicator.h"
 #include "comm/process_group.h"
 #include "comm/reducer.h"
@@ -139,6 +140,21 @@ TEST(GradientReducer, ErrorFeedbackLosesNothingOnOneRank) {
       ASSERT_NEAR(out_sum[static_cast<size_t>(i)] + kept, in_sum[static_cast<size_t>(i)], 1e-4) << "element " << i;
     }
   }
+}
+
+TEST(AutoCodec, DecidesByMeasuredTimeWithAMarginForLossyCodecs) {
+  const std::vector<std::string> c = {"none", "bf16", "int8"};
+  auto slow_link = DecideCodec(c, {1000, 520, 300}, 1 << 20, 2, "host");
+  ASSERT_TRUE(slow_link.ok());
+  EXPECT_EQ(CodecName(slow_link->codec), "int8");
+  EXPECT_NE(slow_link->reason.find("-> int8"), std::string::npos) << slow_link->reason;
+  // A lossy codec that is only 3% faster does not pay for its error.
+  auto fast_link = DecideCodec(c, {100, 130, 97}, 1 << 20, 2, "host");
+  ASSERT_TRUE(fast_link.ok());
+  EXPECT_EQ(CodecName(fast_link->codec), "none");
+  EXPECT_EQ(fast_link->candidates.size(), 3u);
+  EXPECT_FALSE(DecideCodec(c, {1, 2}, 1, 2, "host").ok());
+  EXPECT_FALSE(DecideCodec({"int8", "none"}, {1, 2}, 1, 2, "host").ok());
 }
 
 TEST(ProcessGroup, PlainStartIsOneRankWithoutMpi) {
