@@ -11,6 +11,9 @@
 #include "kernels/random.h"
 #include "model/gpt2.h"
 #include "model/gpt2_cuda.h"
+#if defined(TF_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#endif
 
 namespace tf {
 namespace {
@@ -48,7 +51,12 @@ StatusOr<BenchResult> RunCudaBench(const GPT2Config& config, const BenchOptions&
   if (o.dtype == "bf16") dt = cuda::DType::kBF16;
   else if (o.dtype == "fp32") dt = cuda::DType::kF32;
   else return Status::InvalidArgument("bench: --dtype must be bf16 or fp32, got '{}'", o.dtype);
-  TF_ASSIGN_OR_RETURN(std::unique_ptr<GPT2Cuda> model, GPT2Cuda::Create(config, o.batch, o.seq, dt));
+  GPT2CudaOptions mo;
+  TF_ASSIGN_OR_RETURN(mo.attention, ParseAttention(o.attention));
+  mo.recompute = o.recompute;
+  mo.gelu_fusion = o.gelu_fusion;
+  mo.fuse_residual = o.fuse_residual;
+  TF_ASSIGN_OR_RETURN(std::unique_ptr<GPT2Cuda> model, GPT2Cuda::Create(config, o.batch, o.seq, dt, mo));
   std::vector<float> host(static_cast<size_t>(model->layout().total()));
   InitGPT2Weights(config, 1, host);
   TF_RETURN_IF_ERROR(model->LoadParams(host));
@@ -78,6 +86,13 @@ StatusOr<BenchResult> RunCudaBench(const GPT2Config& config, const BenchOptions&
   r.gflops = 6.0 * static_cast<double>(NumParameters(config)) * tokens / (r.median_ms / 1000.0) / 1e9;
   const double peak = o.peak_tflops > 0 ? o.peak_tflops : (dt == cuda::DType::kBF16 ? 989.0 : 67.0);
   r.mfu = r.gflops / (peak * 1e3);
+  const double attention_flops = 6.0 * config.n_layer * config.n_embd * static_cast<double>(o.seq) * tokens;
+  r.mfu_with_attention = (r.gflops + attention_flops / (r.median_ms / 1000.0) / 1e9) / (peak * 1e3);
+  r.planned_gb = static_cast<double>(model->memory().total) / 1e9;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    r.device_used_gb = static_cast<double>(total_bytes - free_bytes) / 1e9;
+  }
   return r;
 }
 }  // namespace

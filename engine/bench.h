@@ -15,12 +15,22 @@ struct BenchOptions {
   std::string device = "cpu";  // "cpu" or "cuda"
   std::string dtype = "bf16";  // CUDA storage type: "bf16" or "fp32"
   double peak_tflops = 0;      // CUDA: the device's peak for MFU (0 = H100/H200 dense: bf16 989, fp32 67)
+  // CUDA model options (model/gpt2_cuda.h GPT2CudaOptions).
+  std::string attention = "flash";  // flash, flash_simt or gemm
+  int recompute = 0;                // 0, 1 or 2
+  int gelu_fusion = -1;             // -1 (auto), 0, 1 or 2
+  bool fuse_residual = true;
 };
 
 struct BenchResult {
   double median_ms = 0, min_ms = 0, max_ms = 0, tokens_per_s = 0, gflops = 0;
   double gemm_peak_gflops = 0;  // 0 when not measured
   double mfu = 0;               // CUDA: achieved FLOP/s over peak_tflops
+  // CUDA: the same with llm.c's count, 6 * params + 6 * n_layer * n_embd * T FLOPs per token (the
+  // causal attention's score and value products included), for comparing with its MFU figures.
+  double mfu_with_attention = 0;
+  double planned_gb = 0;      // CUDA: the model's planned device buffers (GPT2Cuda::memory().total)
+  double device_used_gb = 0;  // CUDA: device memory in use after the steps (cudaMemGetInfo), all of it
 };
 
 StatusOr<BenchResult> RunBench(const GPT2Config& config, const BenchOptions& options);

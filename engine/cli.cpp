@@ -206,6 +206,18 @@ int RunCli(int argc, char** argv) {
   bench->add_option("--dtype", bopt.dtype, "CUDA storage type: bf16 or fp32")->capture_default_str();
   bench->add_option("--peak-tflops", bopt.peak_tflops, "CUDA peak for MFU (default H100/H200 dense: bf16 989, fp32 67)");
   bench->add_flag("--gemm-peak", bopt.gemm_peak, "Also measure the SGEMM ceiling (2048^3, the build's GEMM engine)");
+  bench->add_option("--attention", bopt.attention, "CUDA attention: flash, flash_simt or gemm")
+      ->check(CLI::IsMember({"flash", "flash_simt", "gemm"}))
+      ->capture_default_str();
+  bench->add_option("--recompute", bopt.recompute, "CUDA activation recomputation: 0, 1 (GELU) or 2 (+LayerNorms)")
+      ->check(CLI::Range(0, 2))
+      ->capture_default_str();
+  bench->add_option("--gelu-fusion", bopt.gelu_fusion,
+                    "CUDA GELU in the GEMM epilogues: 0 none, 1 forward, 2 forward+backward, -1 auto (bf16 2, fp32 0)")
+      ->check(CLI::Range(-1, 2))
+      ->capture_default_str();
+  bench->add_flag("!--no-fuse-residual", bopt.fuse_residual,
+                  "CUDA: separate residual-add kernels instead of folding them into the GEMMs");
 
   try {
     app.parse(argc, argv);
@@ -313,9 +325,17 @@ int RunCli(int argc, char** argv) {
       fmt::print("bench: SGEMM ceiling {:.1f} GFLOP/s ({} 2048^3, median); training step at {:.1f}% of it\n",
                  r->gemm_peak_gflops, cpu::gemm_engine_name(), 100.0 * r->gflops / r->gemm_peak_gflops);
     }
-    if (bopt.device == "cuda") fmt::print("bench: {} on CUDA: MFU {:.1f}%\n", bopt.dtype, 100.0 * r->mfu);
-    fmt::print("BENCH_RESULT ms_per_step={:.3f} tokens_per_s={:.1f} gflops={:.2f} gemm_peak_gflops={:.2f} mfu={:.4f}\n",
-               r->median_ms, r->tokens_per_s, r->gflops, r->gemm_peak_gflops, r->mfu);
+    if (bopt.device == "cuda") {
+      fmt::print("bench: {} on CUDA (attention {}, recompute {}, gelu fusion {}, residual {}): MFU {:.1f}% "
+                 "(6*params), {:.1f}% with attention FLOPs (llm.c's count); device memory {:.2f} GB planned, "
+                 "{:.2f} GB in use\n",
+                 bopt.dtype, bopt.attention, bopt.recompute, bopt.gelu_fusion, bopt.fuse_residual ? "fused" : "unfused",
+                 100.0 * r->mfu, 100.0 * r->mfu_with_attention, r->planned_gb, r->device_used_gb);
+    }
+    fmt::print("BENCH_RESULT ms_per_step={:.3f} tokens_per_s={:.1f} gflops={:.2f} gemm_peak_gflops={:.2f} mfu={:.4f} "
+               "mfu_with_attention={:.4f} device_used_gb={:.2f}\n",
+               r->median_ms, r->tokens_per_s, r->gflops, r->gemm_peak_gflops, r->mfu, r->mfu_with_attention,
+               r->device_used_gb);
     return 0;
   }
   return 2;

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kernels/buffer.h"
 #include "kernels/optimizer.h"
@@ -27,13 +28,9 @@ class AdamW {
   std::span<float> v() { return v_.span(); }
 
  private:
-  struct Range {
-    int64_t begin, end;
-    bool decay;
-  };
-  std::vector<Range> ranges_;  // maximal runs of consecutive tensors with one decay flag
   AdamWConfig config_;
   AlignedBuffer m_, v_;
+  std::vector<DecayRange> ranges_;  // maximal runs of consecutive tensors with one decay flag
 };
 
 }  // namespace tf

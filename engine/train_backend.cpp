@@ -60,8 +60,10 @@ class CudaBackend final : public TrainBackend {
       : model_(std::move(model)), adamw_(adamw), device_(device) {}
 
   std::string Describe() const override {
-    return fmt::format("cuda:{} {}, {}, {:.2f} GiB device memory planned", device_, cuda::DeviceDescription(device_),
-                       cuda::DTypeName(model_->dtype()), model_->device_bytes() / double(1 << 30));
+    const GPT2CudaOptions& o = model_->options();
+    return fmt::format("cuda:{} {}, {}, attention {}, recompute {}, {:.2f} GiB device memory planned", device_,
+                       cuda::DeviceDescription(device_), cuda::DTypeName(model_->dtype()), AttentionName(o.attention),
+                       o.recompute, model_->device_bytes() / double(1 << 30));
   }
   const ParameterLayout& layout() const override { return model_->layout(); }
   Status ZeroGrad() override { return model_->ZeroGrad(); }
@@ -151,21 +153,25 @@ StatusOr<std::unique_ptr<TrainBackend>> MakeCpuBackend(const GPT2Config& config,
 }
 
 StatusOr<std::unique_ptr<TrainBackend>> MakeCudaBackend(const GPT2Config& config, int B, int T,
-                                                        const AdamWConfig& adamw, const std::string& dtype,
+                                                        const AdamWConfig& adamw, const CudaBackendOptions& options,
                                                         int device) {
 #if defined(TF_WITH_CUDA)
+  const std::string& dtype = options.dtype;
   if (dtype != "bf16" && dtype != "fp32") {
     return Status::InvalidArgument("dtype must be bf16 or fp32, got '{}'", dtype);
   }
+  GPT2CudaOptions mo;
+  TF_ASSIGN_OR_RETURN(mo.attention, ParseAttention(options.attention));
+  mo.recompute = options.recompute;
   const int n = cuda::DeviceCount();
   if (device < 0 || device >= n) {
     return Status::InvalidArgument("CUDA device {} requested but {} {} visible", device, n, n == 1 ? "is" : "are");
   }
   TF_ASSIGN_OR_RETURN(auto model, GPT2Cuda::Create(config, B, T, dtype == "bf16" ? cuda::DType::kBF16 : cuda::DType::kF32,
-                                                   device));
+                                                   mo, device));
   return std::unique_ptr<TrainBackend>(new CudaBackend(std::move(model), adamw, device));
 #else
-  (void)config, (void)B, (void)T, (void)adamw, (void)dtype, (void)device;
+  (void)config, (void)B, (void)T, (void)adamw, (void)options, (void)device;
   return Status::Unimplemented("this trainflow was built without the CUDA backend (no nvcc at build time); "
                                "use device \"cpu\"");
 #endif

@@ -86,10 +86,16 @@ class TrainBackend {
 // InitGPT2Weights into host_params()).
 StatusOr<std::unique_ptr<TrainBackend>> MakeCpuBackend(const GPT2Config& config, int B, int T,
                                                        const AdamWConfig& adamw);
-// The CUDA backend on `device` with storage dtype "bf16" or "fp32". Unimplemented in CPU-only
-// builds; InvalidArgument naming the device when it does not exist.
+// The CUDA model's options as the training config spells them (engine/train_config.h).
+struct CudaBackendOptions {
+  std::string dtype = "bf16";        // "bf16" or "fp32"
+  std::string attention = "flash";   // "flash", "flash_simt" or "gemm"
+  int recompute = 0;                 // 0, 1 or 2
+};
+// The CUDA backend on `device`. Unimplemented in CPU-only builds; InvalidArgument naming the device
+// when it does not exist, or naming a bad option.
 StatusOr<std::unique_ptr<TrainBackend>> MakeCudaBackend(const GPT2Config& config, int B, int T,
-                                                        const AdamWConfig& adamw, const std::string& dtype,
+                                                        const AdamWConfig& adamw, const CudaBackendOptions& options,
                                                         int device);
 // Number of usable CUDA devices (0 in CPU-only builds or without a driver).
 int CudaDeviceCount();

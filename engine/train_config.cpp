@@ -115,6 +115,8 @@ const std::map<std::string, Field>& Fields() {
       {"shuffle", Bool(&TrainConfig::shuffle)},
       {"device", Str(&TrainConfig::device)},
       {"dtype", Str(&TrainConfig::dtype)},
+      {"attention", Str(&TrainConfig::attention)},
+      {"recompute", Int(&TrainConfig::recompute, 0)},
       {"compression", Str(&TrainConfig::compression)},
       {"bucket_mb", Real(&TrainConfig::bucket_mb, 1e-6, 1e6)},
       {"first_bucket_mb", Real(&TrainConfig::first_bucket_mb, 1e-6, 1e6)},
@@ -160,6 +162,15 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
     return Status::InvalidArgument("{}: training config key 'dtype' must be \"bf16\" or \"fp32\", got '{}'", source,
                                    c.dtype);
   }
+  if (c.attention != "flash" && c.attention != "flash_simt" && c.attention != "gemm") {
+    return Status::InvalidArgument(
+        "{}: training config key 'attention' must be \"flash\", \"flash_simt\" or \"gemm\", got '{}'", source,
+        c.attention);
+  }
+  if (c.recompute > 2) {
+    return Status::InvalidArgument("{}: training config key 'recompute' must be 0, 1 or 2, got {}", source,
+                                   c.recompute);
+  }
   if (c.compression != "auto") {
     if (auto codec = comm::ParseCodec(c.compression); !codec.ok()) {
       return Status::InvalidArgument("{}: training config key 'compression': {}", source, codec.status().message());
@@ -204,6 +215,8 @@ json TrainConfigToJson(const TrainConfig& c) {
           {"shuffle", c.shuffle},
           {"device", c.device},
           {"dtype", c.dtype},
+          {"attention", c.attention},
+          {"recompute", c.recompute},
           {"compression", c.compression},
           {"bucket_mb", c.bucket_mb},
           {"first_bucket_mb", c.first_bucket_mb},

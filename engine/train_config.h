@@ -56,6 +56,11 @@ struct TrainConfig {
   // dtype of the CUDA backend's parameters/activations/gradients: "bf16" or "fp32".
   std::string device = "auto";
   std::string dtype = "bf16";
+  // CUDA backend model options (model/gpt2_cuda.h, docs/cuda.md): attention "flash" (fused kernels
+  // of our own), "flash_simt" (their SIMT path) or "gemm" (cuBLAS, stores the T x T probabilities);
+  // activation recomputation 0 (store all), 1 (GELU) or 2 (GELU and LayerNorms; the least memory).
+  std::string attention = "flash";
+  int recompute = 0;
   // Data parallelism (comm/, docs/distributed.md): gradient compression codec ("none", "bf16",
   // "fp16", "int8", "int8-sr", "sign", "topk:D", or "auto" = measure and choose at start),
   // reducer bucket sizes, and error feedback for lossy codecs.

@@ -88,7 +88,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
                                      "most one rank per GPU",
                                      topo.rank, topo.local_rank, topo.hostname, gpus, gpus == 1 ? " is" : "s are");
     }
-    TF_ASSIGN_OR_RETURN(t->backend_, MakeCudaBackend(model, train.batch_size, train.seq_len, adamw, train.dtype,
+    const CudaBackendOptions cuda_options{.dtype = train.dtype, .attention = train.attention,
+                                          .recompute = train.recompute};
+    TF_ASSIGN_OR_RETURN(t->backend_, MakeCudaBackend(model, train.batch_size, train.seq_len, adamw, cuda_options,
                                                      topo.local_rank));
   } else {
     TF_ASSIGN_OR_RETURN(t->backend_, MakeCpuBackend(model, train.batch_size, train.seq_len, adamw));

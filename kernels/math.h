@@ -79,6 +79,12 @@ struct AdamWParams {
   float bias_correction2;  // 1 - beta2^t
 };
 
+// Global-norm clipping: the factor every gradient is multiplied by, given the gradients' global L2
+// norm and the clip threshold (<= 0: no clipping). PyTorch's clip_grad_norm_ (clip / (norm + 1e-6)).
+TF_HD float grad_clip_scale(double norm, double clip) {
+  return (clip > 0.0 && norm > clip) ? static_cast<float>(clip / (norm + 1e-6)) : 1.0f;
+}
+
 // One AdamW update of a single parameter with PyTorch's semantics (torch.optim.AdamW,
 // foreach=False): decoupled weight decay p -= lr*wd*p, then the Adam step with bias
 // correction, denominator sqrt(v)/sqrt(bc2) + eps. `grad` is the (already clipped/scaled)

@@ -23,6 +23,16 @@
 // path (BiasGeluKernel) applies math::gelu exactly. cuBLASLt requires the aux leading dimension to
 // be a multiple of 8, so OC % 8 != 0 (or a pre_gelu not 16-byte aligned) takes the unfused path.
 //
+// Residual fusion (residual != nullptr): out = x W^T + b + residual as one cuBLASLt call, the
+// residual passed as the C matrix with beta = 1 (C and D may be different buffers with the same
+// layout); the classic path copies the residual into out first and accumulates with beta = 1.
+//
+// DGELU (MatmulBackwardOptions::dgelu_pre): the dinp GEMM with CUBLASLT_EPILOGUE_DGELU, aux = the
+// forward's GELU input, computes (dout W) * GELU'(pre) in the epilogue, so the (N, 4C) gradient is
+// written once instead of written, read, and written again by a separate GELU-backward kernel.
+// The derivative is the library's (pairs with its forward GELU); the fallback applies
+// math::gelu_grad (GeluGradKernel), exactly what the unfused model does.
+//
 // Fallback: cuBLASLt may report that it has no algorithm for a configuration (an odd shape, an
 // epilogue it does not support for fp32, an unaligned pointer); such calls run the classic path,
 // cublasGemmEx plus BiasGeluKernel, which handles every shape. Real errors are returned.
@@ -63,6 +73,13 @@ int BiasSlices(int N) { return std::clamp((N + kBiasRowsPerSlice - 1) / kBiasRow
 
 // The unfused epilogue over y (N,OC) = the GEMM result x W^T. bias (OC) may be null. With gelu:
 // pre = y + b and out = gelu(y + b) (pre is y's buffer); without: out = y + b (out may be y).
+template <typename T>
+__global__ void GeluGradKernel(T* d, const T* pre, long n) {
+  for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
+    d[i] = FromFloat<T>(math::gelu_grad(ToFloat(pre[i])) * ToFloat(d[i]));
+  }
+}
+
 template <typename T>
 __global__ void BiasGeluKernel(T* out, T* pre, const T* bias, long n, int OC, bool gelu) {
   for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
@@ -121,6 +138,15 @@ Status LaunchBiasGelu(void* out, void* pre, const void* bias, int N, int OC, boo
   });
 }
 
+// d = d * math::gelu_grad(pre), elementwise over n.
+Status LaunchGeluGrad(void* d, const void* pre, long n, DType dt, cudaStream_t stream) {
+  const unsigned grid = std::min<unsigned>(CeilDiv(n, kBlock), 65535u);
+  return DispatchDType(dt, [&]<typename T>() {
+    GeluGradKernel<T><<<grid, kBlock, 0, stream>>>(static_cast<T*>(d), static_cast<const T*>(pre), n);
+    return TF_CHECK_LAUNCH("GeluGradKernel");
+  });
+}
+
 Status LaunchBiasBackward(void* dbias, float* scratch, const void* dout, int N, int OC, DType dt,
                           cudaStream_t stream) {
   const int slices = BiasSlices(N);
@@ -136,8 +162,9 @@ Status LaunchBiasBackward(void* dbias, float* scratch, const void* dout, int N, 
 
 // ---- GEMMs ----------------------------------------------------------------------------------------
 
-// One GEMM in cuBLAS's column-major terms: D (m,n; ldd) = alpha op(A) op(B) + beta D, op(A) (m,k),
-// op(B) (k,n). A is stored (k,m) when trans_a, else (m,k); B is stored (n,k) when trans_b, else (k,n).
+// One GEMM in cuBLAS's column-major terms: D (m,n; ldd) = alpha op(A) op(B) + beta C, op(A) (m,k),
+// op(B) (k,n), C = D unless c is set (then C has D's shape and leading dimension). A is stored (k,m)
+// when trans_a, else (m,k); B is stored (n,k) when trans_b, else (k,n).
 struct Gemm {
   bool trans_a = false;
   bool trans_b = false;
@@ -148,6 +175,7 @@ struct Gemm {
   int ldb = 0;
   void* d = nullptr;
   int ldd = 0;
+  const void* c = nullptr;  // cuBLASLt only; the classic path requires c == nullptr or c == d
   float alpha = 1.0f;
   float beta = 0.0f;
 };
@@ -224,12 +252,14 @@ Status LtMatmul(CublasContext& ctx, const Gemm& g, const Epilogue& e, DType dt) 
   }
 
   // Layouts describe the stored matrices (before op): rows, cols, leading dimension.
-  LtLayout la, lb, ld;
+  LtLayout la, lb, ld, lc;
   TF_CUBLAS_RETURN_IF_ERROR(
       cublasLtMatrixLayoutCreate(&la.h, type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
   TF_CUBLAS_RETURN_IF_ERROR(
       cublasLtMatrixLayoutCreate(&lb.h, type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
   TF_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&ld.h, type, g.m, g.n, g.ldd));
+  TF_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&lc.h, type, g.m, g.n, g.ldd));
+  const void* c = g.c != nullptr ? g.c : g.d;
 
   LtPreference pref;
   TF_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref.h));
@@ -239,14 +269,13 @@ Status LtMatmul(CublasContext& ctx, const Gemm& g, const Epilogue& e, DType dt) 
   TF_RETURN_IF_ERROR(SetPref(pref.h, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reductions));
   TF_RETURN_IF_ERROR(SetPref(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, MatrixAlignment(g.a, g.lda, dt)));
   TF_RETURN_IF_ERROR(SetPref(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, MatrixAlignment(g.b, g.ldb, dt)));
-  const uint32_t align_d = MatrixAlignment(g.d, g.ldd, dt);
-  TF_RETURN_IF_ERROR(SetPref(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d));
-  TF_RETURN_IF_ERROR(SetPref(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d));
+  TF_RETURN_IF_ERROR(SetPref(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, MatrixAlignment(c, g.ldd, dt)));
+  TF_RETURN_IF_ERROR(SetPref(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, MatrixAlignment(g.d, g.ldd, dt)));
 
-  // (C and D are the same matrix: beta = 1 accumulates in place.)
+  // (C == D with beta = 1 accumulates in place; C != D adds another matrix, e.g. a residual.)
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), desc.h, la.h, lb.h, ld.h, ld.h, pref.h, 1,
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), desc.h, la.h, lb.h, lc.h, ld.h, pref.h, 1,
                                                      &heuristic, &found);
   // NOT_SUPPORTED: no kernel for this configuration; INVALID_VALUE: a combination cuBLASLt rejects
   // (e.g. an epilogue for this type). Both fall back: the classic path reports arguments that are
@@ -257,7 +286,7 @@ Status LtMatmul(CublasContext& ctx, const Gemm& g, const Epilogue& e, DType dt) 
     return Status(kNoLtAlgorithm, "cuBLASLt has no algorithm for " + GemmName(g));
   }
   if (st != CUBLAS_STATUS_SUCCESS) return CublasError(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-  st = cublasLtMatmul(ctx.lt(), desc.h, &g.alpha, g.a, la.h, g.b, lb.h, &g.beta, g.d, ld.h, g.d, ld.h, &heuristic.algo,
+  st = cublasLtMatmul(ctx.lt(), desc.h, &g.alpha, g.a, la.h, g.b, lb.h, &g.beta, c, lc.h, g.d, ld.h, &heuristic.algo,
                       ctx.workspace(), ctx.workspace_bytes(), ctx.stream());
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
     ++ctx.stats().lt_fallbacks;
@@ -271,6 +300,7 @@ Status LtMatmul(CublasContext& ctx, const Gemm& g, const Epilogue& e, DType dt) 
 // The same GEMM (no epilogue) through the classic handle: any shape, fp32 compute, no TF32 (the
 // handle's math mode, set by CublasContext).
 Status ClassicGemm(CublasContext& ctx, const Gemm& g, DType dt) {
+  if (g.c != nullptr && g.c != g.d) return Error(StatusCode::kInternal, "ClassicGemm: C must be D");
   const cudaDataType_t type = CudaDataType(dt);
   TF_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(ctx.blas(), g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                          g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &g.alpha, g.a, type,
@@ -302,12 +332,15 @@ Status CheckDims(const char* op, int N, int C, int OC) {
 long matmul_dbias_scratch_floats(int N, int OC) { return long(BiasSlices(std::max(N, 1))) * std::max(OC, 0); }
 
 Status matmul_forward(CublasContext& ctx, void* out, const void* inp, const void* weight, const void* bias, int N,
-                      int C, int OC, DType dt, void* pre_gelu) {
+                      int C, int OC, DType dt, void* pre_gelu, const void* residual) {
   TF_RETURN_IF_ERROR(CheckDims("matmul_forward", N, C, OC));
   if (out == nullptr || inp == nullptr || weight == nullptr) {
     return InvalidArgument("matmul_forward: out, inp and weight must not be null");
   }
   if (pre_gelu == out) return InvalidArgument("matmul_forward: pre_gelu must not alias out");
+  if (pre_gelu != nullptr && residual != nullptr) {
+    return InvalidArgument("matmul_forward: a residual cannot be combined with the fused GELU");
+  }
   if (N == 0) return Status::OK();
   const bool gelu = pre_gelu != nullptr;
 
@@ -324,7 +357,7 @@ Status matmul_forward(CublasContext& ctx, void* out, const void* inp, const void
   g.ldb = C;
   g.ldd = OC;
   g.alpha = 1.0f;
-  g.beta = 0.0f;
+  g.beta = residual != nullptr ? 1.0f : 0.0f;
 
   // cuBLASLt's aux matrix needs a leading dimension divisible by 8 (and we ask 16-byte alignment).
   const bool fusable = !gelu || (OC % 8 == 0 && reinterpret_cast<uintptr_t>(pre_gelu) % 16 == 0);
@@ -339,20 +372,33 @@ Status matmul_forward(CublasContext& ctx, void* out, const void* inp, const void
       e.kind = CUBLASLT_EPILOGUE_BIAS;
     }
     g.d = out;
+    g.c = residual;
     Status s = LtMatmul(ctx, g, e, dt);
     if (s.code() != kNoLtAlgorithm) return s;  // done, or a real error
   }
 
-  // Unfused: the GEMM into pre_gelu (GELU) or out, then bias and GELU in one elementwise pass.
+  // Unfused: the GEMM into pre_gelu (GELU) or out (accumulating onto the residual copied there),
+  // then bias and GELU in one elementwise pass.
   g.d = gelu ? pre_gelu : out;
+  g.c = nullptr;
+  if (residual != nullptr && residual != out) {
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, residual, size_t(N) * OC * DTypeSize(dt), cudaMemcpyDeviceToDevice,
+                                            ctx.stream()));
+  }
   TF_RETURN_IF_ERROR(PlainGemm(ctx, g, dt));
   if (!gelu && bias == nullptr) return Status::OK();
   return LaunchBiasGelu(out, g.d, bias, N, OC, gelu, dt, ctx.stream());
 }
 
 Status matmul_backward(CublasContext& ctx, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                       const void* weight, int N, int C, int OC, DType dt, float* dbias_scratch) {
+                       const void* weight, int N, int C, int OC, DType dt, float* dbias_scratch,
+                       const MatmulBackwardOptions& options) {
   TF_RETURN_IF_ERROR(CheckDims("matmul_backward", N, C, OC));
+  const void* dgelu_pre = options.dgelu_pre;
+  if (dgelu_pre != nullptr && (options.accumulate_dinp || dinp == nullptr || dinp == dgelu_pre)) {
+    return InvalidArgument("matmul_backward: dgelu_pre needs a separate dinp that is overwritten (accumulate_dinp "
+                           "false)");
+  }
   if (dweight == nullptr || dout == nullptr || inp == nullptr) {
     return InvalidArgument("matmul_backward: dweight, dout and inp must not be null");
   }
@@ -376,8 +422,27 @@ Status matmul_backward(CublasContext& ctx, void* dinp, void* dweight, void* dbia
     g.d = dinp;
     g.ldd = C;
     g.alpha = 1.0f;
-    g.beta = 1.0f;
-    TF_RETURN_IF_ERROR(PlainGemm(ctx, g, dt));
+    g.beta = options.accumulate_dinp ? 1.0f : 0.0f;
+    if (dgelu_pre == nullptr) {
+      TF_RETURN_IF_ERROR(PlainGemm(ctx, g, dt));
+    } else {
+      bool fused = false;
+      // The aux matrix (dgelu_pre, (N,C) row-major = (C,N) column-major, ld C) has the same shape as
+      // dinp; cuBLASLt needs its leading dimension divisible by 8.
+      if (ctx.options().use_lt_epilogues && C % 8 == 0 && reinterpret_cast<uintptr_t>(dgelu_pre) % 16 == 0) {
+        Epilogue e;
+        e.kind = CUBLASLT_EPILOGUE_DGELU;
+        e.aux = const_cast<void*>(dgelu_pre);  // read-only for DGELU
+        e.aux_ld = C;
+        Status s = LtMatmul(ctx, g, e, dt);
+        if (s.code() != kNoLtAlgorithm) TF_RETURN_IF_ERROR(s);
+        fused = s.ok();
+      }
+      if (!fused) {
+        TF_RETURN_IF_ERROR(PlainGemm(ctx, g, dt));
+        TF_RETURN_IF_ERROR(LaunchGeluGrad(dinp, dgelu_pre, long(N) * C, dt, ctx.stream()));
+      }
+    }
   }
   {
     // dweight^T (C,OC) += inp^T (C,N) . dout (N,OC): A = inp stored column-major (C,N), B = dout

@@ -12,6 +12,12 @@
 //  the kernel DRAM-bound on every GPU (fp64 is 1/64 rate on non-datacentre parts).
 //
 // adamw_step: one thread per parameter (grid-stride), math::adamw_update on the fp32 master.
+// adamw_step_ranges: the same update over the whole flat buffer in one launch (a model has ~100
+// decay runs; one launch each costs a few microseconds of GPU time per run). Block b owns the chunk
+// [b * kAdamChunk, (b + 1) * kAdamChunk); its threads find the chunk's first run by binary search
+// over range_ends (identical for every thread of the block) and walk forward from there. The clip
+// factor is evaluated per thread from the device sum of squares, so the step needs no host
+// synchronisation between the norm and the update.
 #include <algorithm>
 
 #include "kernels/cuda_common.cuh"
@@ -64,17 +70,56 @@ __global__ void __launch_bounds__(kBlock) SumSquaresFinalKernel(const double* pa
 // P (blocks of stage 1) for n elements, n > 0.
 int Partials(long n) { return static_cast<int>(std::min<long>(kMaxPartials, (n + kBlock - 1) / kBlock)); }
 
+// One parameter: math::adamw_update of master[i], m[i], v[i] with gradient grads[i] * grad_scale,
+// then the working copy params_out[i] (if any) rounded from the new master.
+template <typename G, typename P>
+__device__ __forceinline__ void AdamWElement(float* master, float* m, float* v, const G* grads, P* params_out, long i,
+                                             float grad_scale, const math::AdamWParams& h) {
+  float p = master[i], mi = m[i], vi = v[i];
+  math::adamw_update(p, mi, vi, ToFloat(grads[i]) * grad_scale, h);
+  master[i] = p;
+  m[i] = mi;
+  v[i] = vi;
+  if (params_out != nullptr) params_out[i] = FromFloat<P>(p);
+}
+
 // master, m, v fp32; grads of type G; params_out of type P (nullptr: not written).
 template <typename G, typename P>
 __global__ void AdamWKernel(float* master, float* m, float* v, const G* grads, P* params_out, long n, float grad_scale,
                             math::AdamWParams h) {
   for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
-    float p = master[i], mi = m[i], vi = v[i];
-    math::adamw_update(p, mi, vi, ToFloat(grads[i]) * grad_scale, h);
-    master[i] = p;
-    m[i] = mi;
-    v[i] = vi;
-    if (params_out != nullptr) params_out[i] = FromFloat<P>(p);
+    AdamWElement(master, m, v, grads, params_out, i, grad_scale, h);
+  }
+}
+
+constexpr long kAdamChunk = 4096;
+
+template <typename G, typename P>
+__global__ void __launch_bounds__(kBlock)
+    AdamWRangesKernel(float* master, float* m, float* v, const G* grads, P* params_out, long n,
+                      const int64_t* range_ends, const uint8_t* range_decay, int ranges, const double* grad_sum_squares,
+                      double grad_clip, math::AdamWParams h) {
+  const long begin = long(blockIdx.x) * kAdamChunk;
+  const long end = min(n, begin + kAdamChunk);
+  int lo = 0, hi = ranges - 1;  // first run whose end is past `begin`
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (range_ends[mid] > begin) hi = mid;
+    else lo = mid + 1;
+  }
+  const float scale =
+      grad_sum_squares != nullptr ? math::grad_clip_scale(sqrt(*grad_sum_squares), grad_clip) : 1.0f;
+  const float decay = h.weight_decay;
+  int r = lo;
+  long run_end = range_ends[r];
+  h.weight_decay = range_decay[r] ? decay : 0.0f;
+  for (long i = begin + threadIdx.x; i < end; i += kBlock) {
+    while (i >= run_end && r < ranges - 1) {
+      ++r;
+      run_end = range_ends[r];
+      h.weight_decay = range_decay[r] ? decay : 0.0f;
+    }
+    AdamWElement(master, m, v, grads, params_out, i, scale, h);
   }
 }
 
@@ -126,6 +171,33 @@ Status adamw_step(float* master, float* m, float* v, const void* grads, void* pa
       AdamWKernel<G, P><<<Grid(n), kBlock, 0, stream>>>(master, m, v, static_cast<const G*>(grads),
                                                          static_cast<P*>(params_out), n, grad_scale, h);
       return TF_CHECK_LAUNCH("AdamWKernel");
+    });
+  });
+}
+
+Status adamw_step_ranges(float* master, float* m, float* v, const void* grads, void* params_out, long n,
+                         const int64_t* range_ends, const uint8_t* range_decay, int ranges,
+                         const double* grad_sum_squares, double grad_clip, const math::AdamWParams& h,
+                         DType grad_dt, DType param_dt, cudaStream_t stream) {
+  if (n < 0) return InvalidArgument("adamw_step_ranges: negative element count " + std::to_string(n));
+  if (n == 0) return Status::OK();
+  if (master == nullptr || m == nullptr || v == nullptr || grads == nullptr || range_ends == nullptr ||
+      range_decay == nullptr) {
+    return InvalidArgument("adamw_step_ranges: null pointer");
+  }
+  if (ranges <= 0) return InvalidArgument("adamw_step_ranges: no ranges for " + std::to_string(n) + " elements");
+  if (params_out == master) {
+    if (param_dt != DType::kF32) return InvalidArgument("adamw_step_ranges: bf16 params_out aliases the fp32 master");
+    params_out = nullptr;
+  }
+  const long blocks = (n + kAdamChunk - 1) / kAdamChunk;
+  if (blocks > 0x7fffffffL) return InvalidArgument("adamw_step_ranges: too many elements");
+  return DispatchDType(grad_dt, [&]<typename G>() {
+    return DispatchDType(param_dt, [&]<typename P>() {
+      AdamWRangesKernel<G, P><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
+          master, m, v, static_cast<const G*>(grads), static_cast<P*>(params_out), n, range_ends, range_decay, ranges,
+          grad_sum_squares, grad_clip, h);
+      return TF_CHECK_LAUNCH("AdamWRangesKernel");
     });
   });
 }

@@ -20,6 +20,7 @@ void adamw_step(float* params, float* m, float* v, const float* grads, long n, f
 
 #if defined(TF_WITH_CUDA)
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cuda_runtime.h"
 namespace tf::cuda {
@@ -37,5 +38,17 @@ Status sum_squares(const void* g, long n, DType dt, double* result_device, void*
 // otherwise overlap master, m, v or grads.
 Status adamw_step(float* master, float* m, float* v, const void* grads, void* params_out, long n, float grad_scale,
                   const math::AdamWParams& h, DType grad_dt, DType param_dt, cudaStream_t stream);
+
+// The whole parameter buffer in one launch, without a host round trip for the clip factor:
+// elements [0, n) form `ranges` consecutive runs, run r ending (exclusive) at range_ends[r] (device
+// int64, increasing, range_ends[ranges - 1] == n) with weight decay h.weight_decay where
+// range_decay[r] (device bytes) is non-zero and 0 elsewhere (model/parameters.h DecayRanges). The
+// gradient is grads[i] * math::grad_clip_scale(sqrt(*grad_sum_squares), grad_clip), the clip factor
+// computed on the device from sum_squares' result (grad_sum_squares null: no clipping). Otherwise
+// as adamw_step (same per-element math, params_out rules).
+Status adamw_step_ranges(float* master, float* m, float* v, const void* grads, void* params_out, long n,
+                         const int64_t* range_ends, const uint8_t* range_decay, int ranges,
+                         const double* grad_sum_squares, double grad_clip, const math::AdamWParams& h,
+                         DType grad_dt, DType param_dt, cudaStream_t stream);
 }  // namespace tf::cuda
 #endif

@@ -36,6 +36,23 @@ float FromBf16(uint16_t h) {
 
 }  // namespace
 
+StatusOr<GPT2CudaOptions::Attention> ParseAttention(const std::string& name) {
+  using A = GPT2CudaOptions::Attention;
+  for (A a : {A::kFlash, A::kFlashSimt, A::kGemm}) {
+    if (name == AttentionName(a)) return a;
+  }
+  return Status::InvalidArgument("attention must be \"flash\", \"flash_simt\" or \"gemm\", got '{}'", name);
+}
+
+const char* AttentionName(GPT2CudaOptions::Attention attention) {
+  switch (attention) {
+    case GPT2CudaOptions::Attention::kFlash: return "flash";
+    case GPT2CudaOptions::Attention::kFlashSimt: return "flash_simt";
+    case GPT2CudaOptions::Attention::kGemm: return "gemm";
+  }
+  return "?";
+}
+
 GPT2Cuda::GPT2Cuda(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype, const Options& options)
     : config_(config),
       layout_(config),
@@ -60,6 +77,9 @@ Status GPT2Cuda::ValidateOptions(const GPT2Config& config, int max_batch, int ma
   }
   if (options.recompute < 0 || options.recompute > 2) {
     return Status::InvalidArgument("recompute must be 0, 1 or 2, got {}", options.recompute);
+  }
+  if (options.gelu_fusion < -1 || options.gelu_fusion > 2) {
+    return Status::InvalidArgument("gelu_fusion must be -1 (auto), 0, 1 or 2, got {}", options.gelu_fusion);
   }
   if (options.attention != Options::Attention::kGemm && config.head_size() > 128) {
     return Status::InvalidArgument("flash attention supports head sizes up to 128, this model has {} "
@@ -137,7 +157,8 @@ GPT2Cuda::Plan GPT2Cuda::MakePlan(const GPT2Config& config, int max_batch, int m
   m.backward = static_cast<size_t>(p.a.total - p.a.forward_end) * es;
   m.stats = static_cast<size_t>(p.s.total) * 4;
   m.scratch = p.scratch_bytes;
-  m.other = 2 * static_cast<size_t>(N) * sizeof(int32_t) + 2 * sizeof(double);  // tokens, norm, loss sum
+  m.other = 2 * static_cast<size_t>(N) * sizeof(int32_t) + 2 * sizeof(double)  // tokens, norm, loss sum
+            + DecayRanges(layout).size() * (sizeof(int64_t) + 1);            // AdamW's run table
   m.buffers = m.params + m.grads + m.master + m.moments + m.activations + m.backward + m.stats + m.scratch + m.other;
   m.cublas_workspace = cuda::CublasContext::kWorkspaceBytes;
   m.total = m.buffers + m.cublas_workspace;
@@ -209,6 +230,18 @@ Status GPT2Cuda::Allocate() {
   TF_RETURN_IF_ERROR(alloc(&norm_, 2 * sizeof(double)));  // [0] the norm, [1] the accumulated loss
   TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(norm_.data(), 0, 2 * sizeof(double), stream_));
   TF_RETURN_IF_ERROR(alloc(&scratch_, plan_.scratch_bytes));
+  {
+    // AdamW's run table: the run ends (int64), then the decay flags (bytes).
+    const std::vector<DecayRange> runs = DecayRanges(layout_);
+    num_ranges_ = static_cast<int>(runs.size());
+    std::vector<uint8_t> table(runs.size() * (sizeof(int64_t) + 1));
+    for (size_t r = 0; r < runs.size(); ++r) {
+      std::memcpy(table.data() + r * sizeof(int64_t), &runs[r].end, sizeof(int64_t));
+      table[runs.size() * sizeof(int64_t) + r] = runs[r].decay ? 1 : 0;
+    }
+    TF_RETURN_IF_ERROR(alloc(&ranges_, table.size()));
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(ranges_.data(), table.data(), table.size(), cudaMemcpyHostToDevice));
+  }
   if (allocated != m.buffers) {
     return Status::Internal("GPT2Cuda: allocated {} bytes but the plan says {}", allocated, m.buffers);
   }
@@ -306,6 +339,8 @@ Status GPT2Cuda::RunForward(int B, int T) {
   // Per-layer strides of the recomputable activations, for the current N (0: one shared buffer).
   const int64_t ln_stride = plan_.ln_stride == 0 ? 0 : NC;
   const int64_t gelu_stride = plan_.fch_gelu_stride == 0 ? 0 : NC * 4;
+  const int gelu_fusion = options_.GeluFusion(dtype_);
+  const bool fuse_residual = options_.fuse_residual;
   TF_RETURN_IF_ERROR(cuda::encoder_forward(At(acts_, a.encoded), inputs, W(0), W(1), B, T, C, dtype_, stream_));
   void* residual = At(acts_, a.encoded);
   for (int l = 0; l < config_.n_layer; ++l) {
@@ -323,18 +358,26 @@ Status GPT2Cuda::RunForward(int B, int T) {
                                                residual, W(p), W(p + 1), static_cast<int>(N), C, dtype_, stream_));
     TF_RETURN_IF_ERROR(cuda::matmul_forward(ctx, qkv, ln1, W(p + 2), W(p + 3), static_cast<int>(N), C, 3 * C, dtype_));
     TF_RETURN_IF_ERROR(AttentionForward(l, B, T));
-    TF_RETURN_IF_ERROR(
-        cuda::matmul_forward(ctx, residual2, atty, W(p + 4), W(p + 5), static_cast<int>(N), C, C, dtype_));
-    TF_RETURN_IF_ERROR(cuda::accumulate(residual2, residual, NC, dtype_, stream_));
+    // residual2 = residual + attention projection (one GEMM with fuse_residual).
+    TF_RETURN_IF_ERROR(cuda::matmul_forward(ctx, residual2, atty, W(p + 4), W(p + 5), static_cast<int>(N), C, C,
+                                            dtype_, nullptr, fuse_residual ? residual : nullptr));
+    if (!fuse_residual) TF_RETURN_IF_ERROR(cuda::accumulate(residual2, residual, NC, dtype_, stream_));
     TF_RETURN_IF_ERROR(cuda::layernorm_forward(ln2, stats + st.ln2_mean + l * N, stats + st.ln2_rstd + l * N,
                                                residual2, W(p + 6), W(p + 7), static_cast<int>(N), C, dtype_,
                                                stream_));
-    // Unfused GELU: exactly math::gelu (the tanh form), which the backward differentiates.
-    TF_RETURN_IF_ERROR(cuda::matmul_forward(ctx, fch, ln2, W(p + 8), W(p + 9), static_cast<int>(N), C, 4 * C, dtype_));
-    TF_RETURN_IF_ERROR(cuda::gelu_forward(fch_gelu, fch, NC * 4, dtype_, stream_));
-    TF_RETURN_IF_ERROR(
-        cuda::matmul_forward(ctx, residual3, fch_gelu, W(p + 10), W(p + 11), static_cast<int>(N), 4 * C, C, dtype_));
-    TF_RETURN_IF_ERROR(cuda::accumulate(residual3, residual2, NC, dtype_, stream_));
+    if (gelu_fusion >= 1) {
+      // The fc GEMM writes the pre-activation fch and its GELU (cuBLASLt's) in one pass.
+      TF_RETURN_IF_ERROR(cuda::matmul_forward(ctx, fch_gelu, ln2, W(p + 8), W(p + 9), static_cast<int>(N), C, 4 * C,
+                                              dtype_, /*pre_gelu=*/fch));
+    } else {
+      // Unfused GELU: exactly math::gelu (the tanh form), which the backward differentiates.
+      TF_RETURN_IF_ERROR(
+          cuda::matmul_forward(ctx, fch, ln2, W(p + 8), W(p + 9), static_cast<int>(N), C, 4 * C, dtype_));
+      TF_RETURN_IF_ERROR(cuda::gelu_forward(fch_gelu, fch, NC * 4, dtype_, stream_));
+    }
+    TF_RETURN_IF_ERROR(cuda::matmul_forward(ctx, residual3, fch_gelu, W(p + 10), W(p + 11), static_cast<int>(N),
+                                            4 * C, C, dtype_, nullptr, fuse_residual ? residual2 : nullptr));
+    if (!fuse_residual) TF_RETURN_IF_ERROR(cuda::accumulate(residual3, residual2, NC, dtype_, stream_));
     residual = residual3;
   }
   const size_t f = tensors.size() - 2;
@@ -362,6 +405,10 @@ Status GPT2Cuda::RunBackward(int B, int T) {
     TF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(At(acts_, act_offset), 0, n * es, stream_));
     return Status::OK();
   };
+  // The per-layer input gradients (dln, dfch, datty) are overwritten by their GEMMs, never zeroed.
+  cuda::MatmulBackwardOptions overwrite;
+  overwrite.accumulate_dinp = false;
+  const bool fused_dgelu = options_.GeluFusion(dtype_) >= 2;
   const int64_t ln_stride = plan_.ln_stride == 0 ? 0 : NC;
   const int64_t gelu_stride = plan_.fch_gelu_stride == 0 ? 0 : NC * 4;
   void* dresidual = At(acts_, a.dresidual);
@@ -369,9 +416,8 @@ Status GPT2Cuda::RunBackward(int B, int T) {
   const int n = static_cast<int>(N);
 
   // LM head (tied): dlnf = dlogits @ wte; dwte += dlogits^T @ lnf.
-  TF_RETURN_IF_ERROR(zero(a.dln, NC));
   TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dln, G(0), nullptr, At(acts_, a.logits), At(acts_, a.lnf), W(0), n,
-                                           C, Vp, dtype_, nullptr));
+                                           C, Vp, dtype_, nullptr, overwrite));
   TF_RETURN_IF_ERROR(zero(a.dresidual, NC));
   const size_t f = tensors.size() - 2;
   void* last = config_.n_layer > 0 ? At(acts_, a.residual3 + (config_.n_layer - 1) * NC) : At(acts_, a.encoded);
@@ -395,31 +441,35 @@ Status GPT2Cuda::RunBackward(int B, int T) {
     void* dqkv = At(acts_, a.dqkv);
     // Recomputation re-runs the forward kernels on the same inputs: bit-identical activations.
     if (options_.recompute >= 1) TF_RETURN_IF_ERROR(cuda::gelu_forward(fch_gelu, fch, NC * 4, dtype_, stream_));
-    TF_RETURN_IF_ERROR(zero(a.dfch, NC * 4));
-    TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dfch, G(p + 10), G(p + 11), dresidual, fch_gelu, W(p + 10), n,
-                                             4 * C, C, dtype_, scratch_f));
-    TF_RETURN_IF_ERROR(cuda::gelu_backward(dfch, fch, dfch, NC * 4, dtype_, stream_));
+    if (fused_dgelu) {
+      // dfch = (dresidual @ Wfcproj) * gelu'(fch) in the GEMM's epilogue.
+      cuda::MatmulBackwardOptions dgelu = overwrite;
+      dgelu.dgelu_pre = fch;
+      TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dfch, G(p + 10), G(p + 11), dresidual, fch_gelu, W(p + 10), n,
+                                               4 * C, C, dtype_, scratch_f, dgelu));
+    } else {
+      TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dfch, G(p + 10), G(p + 11), dresidual, fch_gelu, W(p + 10), n,
+                                               4 * C, C, dtype_, scratch_f, overwrite));
+      TF_RETURN_IF_ERROR(cuda::gelu_backward(dfch, fch, dfch, NC * 4, dtype_, stream_));
+    }
     if (options_.recompute >= 2) {
       TF_RETURN_IF_ERROR(cuda::layernorm_forward(ln2, nullptr, nullptr, residual2, W(p + 6), W(p + 7), n, C, dtype_,
                                                  stream_));
     }
-    TF_RETURN_IF_ERROR(zero(a.dln, NC));
-    TF_RETURN_IF_ERROR(
-        cuda::matmul_backward(ctx, dln, G(p + 8), G(p + 9), dfch, ln2, W(p + 8), n, C, 4 * C, dtype_, scratch_f));
+    TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dln, G(p + 8), G(p + 9), dfch, ln2, W(p + 8), n, C, 4 * C, dtype_,
+                                             scratch_f, overwrite));
     TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(p + 6), G(p + 7), dln, residual2, W(p + 6),
                                                 stats + st.ln2_mean + l * N, stats + st.ln2_rstd + l * N, n, C,
                                                 dtype_, scratch_f, scratch_bytes, stream_));
-    TF_RETURN_IF_ERROR(zero(a.datty, NC));
-    TF_RETURN_IF_ERROR(
-        cuda::matmul_backward(ctx, datty, G(p + 4), G(p + 5), dresidual, atty, W(p + 4), n, C, C, dtype_, scratch_f));
+    TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, datty, G(p + 4), G(p + 5), dresidual, atty, W(p + 4), n, C, C,
+                                             dtype_, scratch_f, overwrite));
     TF_RETURN_IF_ERROR(AttentionBackward(l, B, T));  // dqkv overwritten
     if (options_.recompute >= 2) {
       TF_RETURN_IF_ERROR(
           cuda::layernorm_forward(ln1, nullptr, nullptr, residual, W(p), W(p + 1), n, C, dtype_, stream_));
     }
-    TF_RETURN_IF_ERROR(zero(a.dln, NC));
-    TF_RETURN_IF_ERROR(
-        cuda::matmul_backward(ctx, dln, G(p + 2), G(p + 3), dqkv, ln1, W(p + 2), n, C, 3 * C, dtype_, scratch_f));
+    TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dln, G(p + 2), G(p + 3), dqkv, ln1, W(p + 2), n, C, 3 * C, dtype_,
+                                             scratch_f, overwrite));
     TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(p), G(p + 1), dln, residual, W(p),
                                                 stats + st.ln1_mean + l * N, stats + st.ln1_rstd + l * N, n, C,
                                                 dtype_, scratch_f, scratch_bytes, stream_));
@@ -499,28 +549,30 @@ StatusOr<double> GPT2Cuda::TakeLossSum() {
 
 StatusOr<float> GPT2Cuda::Step(const AdamWConfig& c, double lr, int64_t t) {
   const int64_t P = layout_.total();
-  TF_RETURN_IF_ERROR(cuda::sum_squares(grads_.data(), P, dtype_, norm_.as<double>(), scratch_.data(),
-                                       plan_.scratch_bytes, stream_));
-  double sq = 0;
-  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&sq, norm_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  const double norm = std::sqrt(sq);
-  const float scale = (c.grad_clip > 0 && norm > c.grad_clip) ? static_cast<float>(c.grad_clip / (norm + 1e-6)) : 1.0f;
+  // Norm, clip factor and update are all enqueued on the compute stream: the clip factor is computed
+  // on the device from the sum of squares (math::grad_clip_scale, the CPU optimizer's formula), so
+  // there is no host round trip between them; the norm is read back once the update is queued.
+  double* sum_sq = norm_.as<double>();
+  TF_RETURN_IF_ERROR(cuda::sum_squares(grads_.data(), P, dtype_, sum_sq, scratch_.data(), plan_.scratch_bytes,
+                                       stream_));
   math::AdamWParams h;
   h.lr = static_cast<float>(lr);
   h.beta1 = static_cast<float>(c.beta1);
   h.beta2 = static_cast<float>(c.beta2);
   h.eps = static_cast<float>(c.eps);
+  h.weight_decay = static_cast<float>(c.weight_decay);  // for the runs that decay; 0 for the others
   h.bias_correction1 = static_cast<float>(1.0 - std::pow(c.beta1, static_cast<double>(t)));
   h.bias_correction2 = static_cast<float>(1.0 - std::pow(c.beta2, static_cast<double>(t)));
   float* master = dtype_ == DType::kF32 ? params_.as<float>() : master_.as<float>();
-  for (const ParamTensor& pt : layout_.tensors()) {
-    h.weight_decay = pt.weight_decay ? static_cast<float>(c.weight_decay) : 0.0f;
-    void* out = dtype_ == DType::kF32 ? static_cast<void*>(master + pt.offset) : At(params_, pt.offset);
-    TF_RETURN_IF_ERROR(cuda::adamw_step(master + pt.offset, m_.as<float>() + pt.offset, v_.as<float>() + pt.offset,
-                                        At(grads_, pt.offset), out, pt.numel, scale, h, dtype_, dtype_, stream_));
-  }
-  return static_cast<float>(norm);
+  void* out = dtype_ == DType::kF32 ? static_cast<void*>(master) : params_.data();
+  const auto* ends = static_cast<const int64_t*>(ranges_.data());
+  const auto* decay = static_cast<const uint8_t*>(ranges_.data()) + num_ranges_ * sizeof(int64_t);
+  TF_RETURN_IF_ERROR(cuda::adamw_step_ranges(master, m_.as<float>(), v_.as<float>(), grads_.data(), out, P, ends,
+                                             decay, num_ranges_, sum_sq, c.grad_clip, h, dtype_, dtype_, stream_));
+  double sq = 0;
+  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&sq, sum_sq, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return static_cast<float>(std::sqrt(sq));
 }
 
 }  // namespace tf

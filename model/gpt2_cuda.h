@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/cublas_handle.h"
@@ -46,7 +47,25 @@ struct GPT2CudaOptions {
   Attention attention = Attention::kFlash;
   // 0: store every activation; 1: recompute GELU(fch) in backward; 2: also ln1 and ln2.
   int recompute = 0;
+  // GELU fused into the MLP's cuBLASLt GEMMs: 0 none (a separate kernel computes exactly math::gelu
+  // and math::gelu_grad); 1 forward (GELU_AUX_BIAS epilogue: the fc GEMM writes the pre-activation
+  // and its GELU); 2 forward and backward (also the DGELU epilogue: the fcproj dinp GEMM writes the
+  // gradient of the pre-activation). Fused, the GELU is cuBLASLt's own (kernels/matmul.cu). -1: 2 in
+  // bf16, 0 in fp32 (the fp32 mode checks the GPU against the CPU formulas).
+  int gelu_fusion = -1;
+  // The residual adds folded into the attention-projection and fcproj GEMMs (cuBLASLt's C matrix
+  // with beta = 1) instead of separate accumulate kernels.
+  bool fuse_residual = true;
+
+  // gelu_fusion with -1 resolved for `dtype`.
+  int GeluFusion(cuda::DType dtype) const {
+    return gelu_fusion >= 0 ? gelu_fusion : (dtype == cuda::DType::kBF16 ? 2 : 0);
+  }
 };
+
+// The attention implementations by their config names: "flash", "flash_simt", "gemm".
+StatusOr<GPT2CudaOptions::Attention> ParseAttention(const std::string& name);
+const char* AttentionName(GPT2CudaOptions::Attention attention);
 
 // Device bytes of a GPT2Cuda plan, by purpose. `buffers` is what Create() allocates itself
 // (== device_bytes()); `total` adds the cuBLAS workspace. Neither counts the CUDA context (~0.5 GB
@@ -60,7 +79,7 @@ struct GPT2CudaMemory {
   size_t backward = 0;     // per-layer backward buffers reused by every layer (dresidual, dln, datty, dqkv, dfch)
   size_t stats = 0;        // fp32: LayerNorm mean/rstd, attention log-sum-exp, losses
   size_t scratch = 0;      // the kernels' shared scratch area
-  size_t other = 0;        // token ids, the norm result
+  size_t other = 0;        // token ids, the norm and loss results, AdamW's decay-run table
   size_t buffers = 0;      // sum of the above
   size_t cublas_workspace = 0;
   size_t total = 0;  // buffers + cublas_workspace
@@ -201,7 +220,9 @@ class GPT2Cuda {
   // Activations (dtype_) at plan_.a offsets; stats_ (fp32) at plan_.s offsets.
   cuda::DeviceBuffer acts_, stats_, tokens_ /*int32 inputs, targets*/;
   cuda::DeviceBuffer scratch_;  // shared by the kernels' scratch needs (used one at a time)
-  cuda::DeviceBuffer norm_;     // one double
+  cuda::DeviceBuffer norm_;     // [0] the gradients' sum of squares, [1] the accumulated loss (doubles)
+  cuda::DeviceBuffer ranges_;   // AdamW's decay runs: int64 ends, then one byte per run (decay flag)
+  int num_ranges_ = 0;
   Plan plan_{};
   std::vector<float> host_losses_;
 };

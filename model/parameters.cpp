@@ -70,4 +70,16 @@ std::vector<std::pair<int64_t, int64_t>> GradReadyRanges(const ParameterLayout& 
   return out;
 }
 
+std::vector<DecayRange> DecayRanges(const ParameterLayout& layout) {
+  std::vector<DecayRange> ranges;
+  for (const ParamTensor& t : layout.tensors()) {
+    if (!ranges.empty() && ranges.back().decay == t.weight_decay && ranges.back().end == t.offset) {
+      ranges.back().end = t.offset + t.numel;
+    } else {
+      ranges.push_back({t.offset, t.offset + t.numel, t.weight_decay});
+    }
+  }
+  return ranges;
+}
+
 }  // namespace tf

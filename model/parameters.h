@@ -50,6 +50,15 @@ class ParameterLayout {
 // their grad-ready hooks; the data-parallel reducer plans its buckets from them.
 std::vector<std::pair<int64_t, int64_t>> GradReadyRanges(const ParameterLayout& layout);
 
+// The buffer as maximal runs of consecutive tensors with the same weight-decay flag, in order,
+// covering [0, total()) exactly: what AdamW walks (one kernel launch or loop per run, or one launch
+// over all runs on the GPU).
+struct DecayRange {
+  int64_t begin = 0, end = 0;
+  bool decay = false;
+};
+std::vector<DecayRange> DecayRanges(const ParameterLayout& layout);
+
 // Typed pointers into a flat buffer laid out by ParameterLayout (valid while the buffer lives).
 struct BlockView {
   float* ln1_w;     // (C)

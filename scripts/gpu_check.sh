@@ -6,9 +6,11 @@
 #   1. the CUDA-vs-CPU kernel tests (all_cuda_tests; every tests/**/*_cuda_test.cpp),
 #   1b. compute-sanitizer (memcheck, racecheck) on the flash attention kernels' small-shape tests,
 #   2. the CUDA kernel benchmarks (every bench/*_cuda_bench.cpp: GB/s, TFLOP/s against peaks),
-#   3. an end-to-end `trainflow bench` of GPT-2 124M at B=16, T=1024 on the GPU (tokens/s, MFU),
+#   3. an end-to-end `trainflow bench` of GPT-2 124M at B=16, T=1024 on the GPU (tokens/s, MFU):
+#      bf16 with the default fusions, bf16 without the epilogue fusions, fp32,
 #   4. `trainflow train --device cuda` on the default corpus, without and with int8 gradient
 #      compression (the device reducer with the CUDA codecs and NCCL at world size 1),
+#   5. GPT-2 1558M at T=1024, B=24 with recompute 2: does it fit, and the device memory in use,
 # ending with a short table. Every step runs under `timeout`, and the timeouts are cut to what is
 # left of a global budget (GPU_CHECK_BUDGET seconds, default 470: the whole script stays within
 # 8 minutes; a step with no time left is skipped and says so). The full log goes to
@@ -108,7 +110,7 @@ echo; echo "== 2. CUDA kernel benchmarks"
 for bench in "$B"/bin/*_cuda_bench; do
   [[ -x "$bench" ]] || continue
   name=$(basename "$bench")
-  t=$(bounded 75 120)  # keeps 120 s for the end-to-end bench and the training runs
+  t=$(bounded 75 150)  # keeps 150 s for the end-to-end benches and the training runs
   if ((t < 10)); then SUMMARY+=("$name: skipped (time budget)"); continue; fi
   timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run $name --benchmark_min_time=0.1" \
     2>&1 | tee "$OUTDIR/$name.txt" | grep -E "^BM_|ceiling|peak" | head -60
@@ -121,23 +123,30 @@ if [[ -f "$OUTDIR/attention_cuda_bench.txt" ]]; then
 fi
 
 echo; echo "== 3. end-to-end trainflow bench on the GPU"
-if run trainflow bench --help 2>/dev/null | grep -q -- "--device"; then
-  for dt in bf16 fp32; do
-    t=$(bounded 75 40)  # keeps 40 s for the training runs
-    if ((t < 15)); then SUMMARY+=("GPT-2 124M B=16 T=1024 $dt: skipped (time budget)"); continue; fi
-    line=$(timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow bench \
-      --device cuda --dtype $dt --model configs/model/gpt2-124m.json --batch-size 16 --seq-len 1024 --steps 20 --warmup 5" \
-      2>&1 | tee -a "$OUTDIR/e2e.txt" | grep BENCH_RESULT)
-    SUMMARY+=("GPT-2 124M B=16 T=1024 $dt: ${line:-failed (see e2e.txt)}")
-  done
+# bf16 with the defaults (flash attention, GELU and residual fused into the GEMM epilogues), bf16
+# with the epilogue fusions off (what they are worth), fp32 (the CPU-checkable mode).
+bench_e2e() {  # label, seconds to keep for later steps, then trainflow bench arguments
+  local label="$1" keep="$2"; shift 2
+  local t; t=$(bounded 75 "$keep")
+  if ((t < 15)); then SUMMARY+=("$label: skipped (time budget)"); return; fi
+  local line
+  line=$(timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow bench \
+    --device cuda $*" 2>&1 | tee -a "$OUTDIR/e2e.txt" | grep BENCH_RESULT)
+  SUMMARY+=("$label: ${line:-failed (see e2e.txt)}")
+}
+if run trainflow bench --help 2>/dev/null | grep -q -- "--gelu-fusion"; then
+  E2E="--model configs/model/gpt2-124m.json --batch-size 16 --seq-len 1024 --steps 20 --warmup 5"
+  bench_e2e "GPT-2 124M B=16 T=1024 bf16" 110 --dtype bf16 $E2E  # keeps 110 s for training and 1558M
+  bench_e2e "GPT-2 124M B=16 T=1024 bf16 unfused epilogues" 110 --dtype bf16 --gelu-fusion 0 --no-fuse-residual $E2E
+  bench_e2e "GPT-2 124M B=16 T=1024 fp32" 110 --dtype fp32 $E2E
 else
-  SUMMARY+=("end-to-end: this build's trainflow has no --device option yet (GPU model not wired)")
+  SUMMARY+=("end-to-end: this build's trainflow bench has no --gelu-fusion option (old bundle?)")
 fi
 
 echo; echo "== 4. GPU training on the default corpus (byte-small, 300 steps, bf16; CPU reference: val 2.5865)"
 if [[ -f "$B/data/train.bin" ]]; then
   for c in none int8; do
-    t=$(bounded 40)
+    t=$(bounded 35 50)  # keeps 50 s for the 1558M step
     if ((t < 10)); then SUMMARY+=("GPU train compression $c: skipped (time budget)"); continue; fi
     line=$(timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow train \
       --device cuda --dtype bf16 --model configs/model/byte-small.json --train configs/train/fortunes.json \
@@ -150,6 +159,11 @@ if [[ -f "$B/data/train.bin" ]]; then
 else
   SUMMARY+=("GPU train: no data in the bundle")
 fi
+
+echo; echo "== 5. GPT-2 1558M, T=1024, B=24, bf16, recompute 2 (fits 80 GB? device memory in use vs the plan)"
+bench_e2e "GPT-2 1558M B=24 T=1024 bf16 recompute 2" 0 --dtype bf16 --recompute 2 \
+  --model configs/model/gpt2-1558m.json --batch-size 24 --seq-len 1024 --steps 3 --warmup 1
+grep -E "^bench: bf16 on CUDA" "$OUTDIR/e2e.txt" | tail -1 | sed 's/^/  (last) /'
 
 echo; echo "== summary ($((SECONDS - START)) s of a ${BUDGET} s budget)"
 for s in "${SUMMARY[@]}"; do echo "  $s"; done

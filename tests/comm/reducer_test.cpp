@@ -67,6 +67,36 @@ TEST(PlanBuckets, GPT2BucketsFollowBackwardOrder) {
   ExpectTiles(buckets, layout.total());
 }
 
+// AdamW's decay runs: tile the buffer in order, alternate flags (maximal runs), and agree with the
+// tensors' own flags element by element.
+TEST(DecayRanges, TileTheLayoutInMaximalRuns) {
+  GPT2Config c;
+  c.n_layer = 3, c.n_head = 2, c.n_embd = 32, c.vocab_size = 100, c.padded_vocab_size = 128, c.block_size = 16;
+  const ParameterLayout layout(c);
+  const std::vector<DecayRange> runs = DecayRanges(layout);
+  ASSERT_FALSE(runs.empty());
+  EXPECT_EQ(runs.front().begin, 0);
+  EXPECT_EQ(runs.back().end, layout.total());
+  for (size_t r = 0; r < runs.size(); ++r) {
+    EXPECT_LT(runs[r].begin, runs[r].end);
+    if (r > 0) {
+      EXPECT_EQ(runs[r].begin, runs[r - 1].end);
+      EXPECT_NE(runs[r].decay, runs[r - 1].decay) << "runs " << r - 1 << " and " << r << " should be merged";
+    }
+  }
+  for (const ParamTensor& t : layout.tensors()) {
+    for (const DecayRange& r : runs) {
+      if (t.offset >= r.begin && t.offset < r.end) {
+        EXPECT_LE(t.offset + t.numel, r.end) << t.name;
+        EXPECT_EQ(r.decay, t.weight_decay) << t.name;
+      }
+    }
+  }
+  // wte, wpe (decay) then ln_1 w/b (no decay) ... : the first run holds both embeddings.
+  EXPECT_TRUE(runs.front().decay);
+  EXPECT_EQ(runs.front().end, layout.tensors()[2].offset);
+}
+
 TEST(GradientReducer, RejectsRangesThatDoNotTile) {
   SingleProcessCommunicator comm;
   std::vector<float> g(100);

@@ -530,6 +530,17 @@ TEST(AdamWTest, MatchesDoubleReferenceOverSeveralSteps) {
   }
 }
 
+// The clip factor (shared by the CPU optimizer and the GPU AdamW kernel): torch's clip_grad_norm_.
+TEST(AdamWTest, GradClipScale) {
+  EXPECT_EQ(math::grad_clip_scale(0.5, 1.0), 1.0f);    // under the threshold: untouched
+  EXPECT_EQ(math::grad_clip_scale(1.0, 1.0), 1.0f);    // at it: untouched (strictly greater clips)
+  EXPECT_EQ(math::grad_clip_scale(100.0, 0.0), 1.0f);  // clip 0 disables
+  EXPECT_EQ(math::grad_clip_scale(100.0, -1.0), 1.0f);
+  EXPECT_FLOAT_EQ(math::grad_clip_scale(4.0, 1.0), static_cast<float>(1.0 / (4.0 + 1e-6)));
+  // After scaling, the norm is the threshold (to the 1e-6 guard).
+  EXPECT_NEAR(123.0 * math::grad_clip_scale(123.0, 0.5), 0.5, 1e-6);
+}
+
 // ---- Determinism: results do not depend on the OpenMP thread count --------------------------------
 
 class ThreadCount {  // Sets omp_set_num_threads for a scope and restores the previous value.

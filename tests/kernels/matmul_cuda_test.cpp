@@ -1,6 +1,6 @@
 // CUDA linear layers (kernels/matmul.cu) against the CPU backend (kernels/matmul.cpp), in fp32 and
-// bf16, through both GEMM paths of a CublasContext: cuBLASLt with fused bias / GELU epilogues, and
-// classic cuBLAS with separate epilogue kernels.
+// bf16, through both GEMM paths of a CublasContext: cuBLASLt with fused bias / GELU / residual /
+// DGELU epilogues, and classic cuBLAS with separate epilogue kernels.
 //
 // Tolerances (|got - want| <= rtol (|want| + rms(want)), test::ExpectClose):
 //  * fp32 GEMMs, 1e-4. Both sides accumulate in fp32 and differ only in summation order: for a dot
@@ -12,7 +12,8 @@
 //    mantissa bits (2^-9 = 2e-3 relative), products accumulate in fp32. The CPU reference gets the
 //    same bf16-rounded inputs.
 //  * The fused GELU output in fp32, 2e-3: cuBLASLt evaluates its own GELU (kernels/matmul.cu); the
-//    largest possible gap, erf-GELU vs tanh-GELU, is ~5e-4 absolute on O(1) activations.
+//    largest possible gap, erf-GELU vs tanh-GELU, is ~5e-4 absolute on O(1) activations. The fused
+//    DGELU in fp32, 5e-3: the derivatives' forms differ by up to 8.7e-4, times |dout W| up to ~4.
 // NaN never passes; outputs are NaN-poisoned so that an unwritten element fails.
 #include <cmath>
 #include <cstdio>
@@ -49,6 +50,8 @@ const std::vector<Shape> kShapes = {{3, 37, 5},       {1, 1, 1},        {7, 64, 
 
 double GemmTol(DType dt) { return dt == DType::kF32 ? 1e-4 : 1e-2; }
 double FusedGeluTol(DType dt) { return dt == DType::kF32 ? 2e-3 : 1e-2; }
+// The derivative forms differ more: max |erf-GELU'(x) - tanh-GELU'(x)| ~ 8.7e-4, times |dout W| up to ~4.
+double FusedDgeluTol(DType dt) { return dt == DType::kF32 ? 5e-3 : 1e-2; }
 
 // Inputs scaled so that every output is O(1): x ~ N(0,1), w ~ N(0, 1/C), bias ~ N(0, 1/4).
 std::vector<float> Random(size_t n, float scale, uint32_t seed, DType dt) {
@@ -207,11 +210,109 @@ TEST_P(MatmulCuda, BackwardIsDeterministic) {
   }
 }
 
+// out = x W^T + b + residual (the residual folded into the GEMM), out of place and in place.
+TEST_P(MatmulCuda, ResidualFusedForwardMatchesCpu) {
+  TF_SKIP_WITHOUT_GPU();
+  auto ctx = MakeContext(use_lt());
+  ASSERT_TRUE(ctx.has_value());
+  for (const Shape& s : kShapes) {
+    for (bool in_place : {false, true}) {
+      const std::string what = "residual forward " + Name(s) + (in_place ? " in place" : " out of place");
+      const size_t n = size_t(s.N) * s.OC;
+      const auto inp = Random(size_t(s.N) * s.C, 1.0f, 21, dt());
+      const auto w = Random(size_t(s.OC) * s.C, 1.0f / std::sqrt(float(s.C)), 22, dt());
+      const auto b = Random(s.OC, 0.5f, 23, dt());
+      const auto res = Random(n, 1.0f, 24, dt());
+      std::vector<float> want(n);
+      cpu::matmul_forward(want.data(), inp.data(), w.data(), b.data(), s.N, s.C, s.OC);
+      for (size_t i = 0; i < n; ++i) want[i] += res[i];
+
+      DeviceArray d_inp(inp, dt()), d_w(w, dt()), d_b(b, dt()), d_res(res, dt());
+      auto out = in_place ? DeviceArray(res, dt()) : DeviceArray::Poisoned(n, dt());
+      Status st = cuda::matmul_forward(*ctx, out.data(), d_inp.data(), d_w.data(), d_b.data(), s.N, s.C, s.OC, dt(),
+                                       nullptr, in_place ? out.data() : d_res.data());
+      ASSERT_TRUE(st.ok()) << what << ": " << st.ToString();
+      test::ExpectClose(out.Download(), want, GemmTol(dt()), what);
+      if (!in_place) test::ExpectClose(d_res.Download(), res, 0.0, what + " (residual untouched)");
+    }
+  }
+}
+
+// accumulate_dinp = false: dinp is overwritten (poisoned before), dweight/dbias still accumulate.
+TEST_P(MatmulCuda, BackwardOverwritesDinpWhenAsked) {
+  TF_SKIP_WITHOUT_GPU();
+  auto ctx = MakeContext(use_lt());
+  ASSERT_TRUE(ctx.has_value());
+  for (const Shape& s : kShapes) {
+    const std::string what = "backward overwrite " + Name(s);
+    const auto inp = Random(size_t(s.N) * s.C, 1.0f, 25, dt());
+    const auto w = Random(size_t(s.OC) * s.C, 1.0f / std::sqrt(float(s.C)), 26, dt());
+    const auto dout = Random(size_t(s.N) * s.OC, 1.0f, 27, dt());
+    auto dweight = Random(size_t(s.OC) * s.C, std::sqrt(float(s.N)), 28, dt());
+    auto dbias = Random(s.OC, std::sqrt(float(s.N)), 29, dt());
+    DeviceArray d_inp(inp, dt()), d_w(w, dt()), d_dout(dout, dt()), d_dweight(dweight, dt()), d_dbias(dbias, dt());
+    auto d_dinp = DeviceArray::Poisoned(size_t(s.N) * s.C, dt());
+    DeviceArray scratch = DeviceArray::Poisoned(cuda::matmul_dbias_scratch_floats(s.N, s.OC), DType::kF32);
+    cuda::MatmulBackwardOptions o;
+    o.accumulate_dinp = false;
+    Status st = cuda::matmul_backward(*ctx, d_dinp.data(), d_dweight.data(), d_dbias.data(), d_dout.data(),
+                                      d_inp.data(), d_w.data(), s.N, s.C, s.OC, dt(),
+                                      static_cast<float*>(scratch.data()), o);
+    ASSERT_TRUE(st.ok()) << what << ": " << st.ToString();
+    std::vector<float> dinp(size_t(s.N) * s.C, 0.0f);
+    cpu::matmul_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), w.data(), s.N, s.C,
+                         s.OC);
+    test::ExpectClose(d_dinp.Download(), dinp, GemmTol(dt()), what + " dinp");
+    test::ExpectClose(d_dweight.Download(), dweight, GemmTol(dt()), what + " dweight");
+    test::ExpectClose(d_dbias.Download(), dbias, GemmTol(dt()), what + " dbias");
+  }
+}
+
+// dgelu_pre: dinp = (dout W) * gelu'(pre), against cpu::matmul_backward + cpu::gelu_backward.
+TEST_P(MatmulCuda, DgeluFusedBackwardMatchesCpu) {
+  TF_SKIP_WITHOUT_GPU();
+  auto ctx = MakeContext(use_lt());
+  ASSERT_TRUE(ctx.has_value());
+  for (const Shape& s : kShapes) {
+    const std::string what = "dgelu backward " + Name(s);
+    const size_t nin = size_t(s.N) * s.C;
+    const auto inp = Random(nin, 1.0f, 30, dt());  // the layer input, gelu(pre)
+    const auto pre = Random(nin, 1.5f, 31, dt());
+    const auto w = Random(size_t(s.OC) * s.C, 1.0f / std::sqrt(float(s.C)), 32, dt());
+    const auto dout = Random(size_t(s.N) * s.OC, 1.0f, 33, dt());
+    auto dweight = Random(size_t(s.OC) * s.C, std::sqrt(float(s.N)), 34, dt());
+    DeviceArray d_inp(inp, dt()), d_pre(pre, dt()), d_w(w, dt()), d_dout(dout, dt()), d_dweight(dweight, dt());
+    auto d_dinp = DeviceArray::Poisoned(nin, dt());
+    cuda::MatmulBackwardOptions o;
+    o.accumulate_dinp = false;
+    o.dgelu_pre = d_pre.data();
+    const auto before = ctx->stats();
+    Status st = cuda::matmul_backward(*ctx, d_dinp.data(), d_dweight.data(), nullptr, d_dout.data(), d_inp.data(),
+                                      d_w.data(), s.N, s.C, s.OC, dt(), nullptr, o);
+    ASSERT_TRUE(st.ok()) << what << ": " << st.ToString();
+    std::vector<float> dgelu_out(nin, 0.0f), want(nin);
+    cpu::matmul_backward(dgelu_out.data(), dweight.data(), nullptr, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC);
+    cpu::gelu_backward(want.data(), pre.data(), dgelu_out.data(), long(nin));
+    const bool fused_expected = use_lt() && s.C % 8 == 0;
+    const auto got = d_dinp.Download();
+    test::ExpectClose(got, want, fused_expected ? FusedDgeluTol(dt()) : GemmTol(dt()), what + " dinp");
+    test::ExpectClose(d_dweight.Download(), dweight, GemmTol(dt()), what + " dweight");
+    const auto& after = ctx->stats();
+    if (fused_expected && after.lt_fallbacks == before.lt_fallbacks && nin >= 1000) {
+      double max_err = 0;
+      for (size_t i = 0; i < nin; ++i) max_err = std::max(max_err, std::fabs(double(got[i]) - want[i]));
+      std::printf("[cuBLASLt DGELU, %s, %s] max |dinp - (dout W) gelu_grad(pre)| = %.3g\n", cuda::DTypeName(dt()),
+                  what.c_str(), max_err);
+    }
+  }
+}
+
 TEST_P(MatmulCuda, RejectsBadArguments) {
   TF_SKIP_WITHOUT_GPU();
   auto ctx = MakeContext(use_lt());
   ASSERT_TRUE(ctx.has_value());
-  DeviceArray a(std::vector<float>(64, 1.0f), dt()), b(std::vector<float>(64, 1.0f), dt());
+  DeviceArray a(std::vector<float>(64, 1.0f), dt()), b(std::vector<float>(64, 1.0f), dt()),
+      c(std::vector<float>(64, 1.0f), dt());
   auto code = [](const Status& st) { return st.code(); };
   EXPECT_EQ(code(cuda::matmul_forward(*ctx, a.data(), b.data(), b.data(), nullptr, -1, 4, 4, dt())),
             StatusCode::kInvalidArgument);
@@ -227,6 +328,17 @@ TEST_P(MatmulCuda, RejectsBadArguments) {
   EXPECT_EQ(code(cuda::matmul_backward(*ctx, a.data(), a.data(), nullptr, b.data(), b.data(), nullptr, 4, 4, 4, dt(),
                                        nullptr)),
             StatusCode::kInvalidArgument);  // dinp without weight
+  cuda::MatmulBackwardOptions dgelu;  // DGELU needs an overwritten, separate dinp
+  dgelu.dgelu_pre = b.data();
+  EXPECT_EQ(code(cuda::matmul_backward(*ctx, a.data(), a.data(), nullptr, b.data(), b.data(), b.data(), 4, 4, 4, dt(),
+                                       nullptr, dgelu)),
+            StatusCode::kInvalidArgument);  // accumulate_dinp still true
+  dgelu.accumulate_dinp = false;
+  EXPECT_EQ(code(cuda::matmul_backward(*ctx, nullptr, a.data(), nullptr, b.data(), b.data(), b.data(), 4, 4, 4, dt(),
+                                       nullptr, dgelu)),
+            StatusCode::kInvalidArgument);  // no dinp
+  EXPECT_EQ(code(cuda::matmul_forward(*ctx, a.data(), b.data(), b.data(), nullptr, 4, 4, 4, dt(), c.data(), b.data())),
+            StatusCode::kInvalidArgument);  // residual with the fused GELU
   // N = 0 is a no-op, not an error.
   EXPECT_TRUE(cuda::matmul_forward(*ctx, a.data(), b.data(), b.data(), nullptr, 0, 4, 4, dt()).ok());
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "kernels/optimizer.h"
+#include "model/parameters.h"
 #include "tests/kernels/cuda_test_util.h"
 
 namespace tf {
@@ -140,6 +141,72 @@ TEST_P(OptimizerCuda, AdamWRejectsBadArguments) {
   EXPECT_FALSE(cuda::adamw_step(pa, static_cast<float*>(b.data()), static_cast<float*>(c.data()), g.data(), nullptr,
                                 -1, 1.0f, h, dt, kF32, nullptr)
                    .ok());
+}
+
+// The one-launch AdamW over decay runs with the clip factor computed on the device, against the
+// CPU AdamW (the same runs, clip formula and per-element math), clipping on and off; runs of odd
+// lengths (1, chunk-straddling, many per chunk) and a bf16 working copy.
+void CheckAdamWRanges(cuda::DType dt, const std::vector<int64_t>& lengths, double clip) {
+  std::vector<DecayRange> runs;
+  int64_t n = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    runs.push_back({n, n + lengths[r], r % 2 == 0});
+    n += lengths[r];
+  }
+  const std::string what = std::string("adamw_ranges ") + cuda::DTypeName(dt) + " n=" + std::to_string(n) +
+                           " runs=" + std::to_string(runs.size()) + " clip=" + std::to_string(clip);
+  auto master = test::RandomVector(n, 0.02f, 5);
+  auto m = test::RandomVector(n, 1e-3f, 6);
+  auto v = test::RandomVector(n, 1e-3f, 7);
+  for (float& x : v) x *= x;
+  const auto grads = Stored(test::RandomVector(n, 1e-2f, 8), dt);
+  const int t = 4;
+  const math::AdamWParams h{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f - static_cast<float>(std::pow(0.9, t)),
+                            1.0f - static_cast<float>(std::pow(0.95, t))};
+  std::vector<uint8_t> table(runs.size() * 9);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    std::memcpy(table.data() + r * 8, &runs[r].end, 8);
+    table[runs.size() * 8 + r] = runs[r].decay ? 1 : 0;
+  }
+  auto d_table = cuda::DeviceBuffer::Allocate(table.size());
+  ASSERT_TRUE(d_table.ok());
+  ASSERT_EQ(cudaMemcpy(d_table->data(), table.data(), table.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceArray d_master(master, kF32), d_m(m, kF32), d_v(v, kF32), d_grads(grads, dt);
+  auto d_out = DeviceArray::Poisoned(n, dt);
+  const double sum_sq = DeviceSumSquares(d_grads, n, dt);
+  auto d_sum = cuda::DeviceBuffer::Allocate(sizeof(double));
+  ASSERT_TRUE(d_sum.ok());
+  ASSERT_EQ(cudaMemcpy(d_sum->data(), &sum_sq, sizeof(double), cudaMemcpyHostToDevice), cudaSuccess);
+  void* out = dt == kF32 ? d_master.data() : d_out.data();
+  const Status st = cuda::adamw_step_ranges(
+      static_cast<float*>(d_master.data()), static_cast<float*>(d_m.data()), static_cast<float*>(d_v.data()),
+      d_grads.data(), out, n, static_cast<const int64_t*>(d_table->data()),
+      static_cast<const uint8_t*>(d_table->data()) + runs.size() * 8, static_cast<int>(runs.size()),
+      d_sum->as<double>(), clip, h, dt, dt, nullptr);
+  ASSERT_TRUE(st.ok()) << what << ": " << st.ToString();
+
+  const float scale = math::grad_clip_scale(std::sqrt(sum_sq), clip);
+  for (const DecayRange& r : runs) {
+    math::AdamWParams hr = h;
+    hr.weight_decay = r.decay ? h.weight_decay : 0.0f;
+    cpu::adamw_step(master.data() + r.begin, m.data() + r.begin, v.data() + r.begin, grads.data() + r.begin,
+                    r.end - r.begin, scale, hr);
+  }
+  const auto got_master = d_master.Download();
+  test::ExpectClose(got_master, master, test::Tolerance(kF32), what + " master");
+  test::ExpectClose(d_m.Download(), m, test::Tolerance(kF32), what + " m");
+  test::ExpectClose(d_v.Download(), v, test::Tolerance(kF32), what + " v");
+  if (dt != kF32) test::ExpectClose(d_out.Download(), Stored(got_master, dt), 0.0, what + " params_out");
+}
+
+TEST_P(OptimizerCuda, AdamWRangesMatchesCpu) {
+  TF_SKIP_WITHOUT_GPU();
+  const cuda::DType dt = GetParam();
+  const std::vector<int64_t> odd = {1, 4095, 2, 4097, 768, 768, 3 * 768, 1, 100000, 7};
+  for (double clip : {0.0, 1e-3, 1e9}) CheckAdamWRanges(dt, odd, clip);  // off, active, inactive
+  CheckAdamWRanges(dt, {(1 << 20) + 3}, 1e-3);
+  std::vector<int64_t> many(300, 5);  // many runs inside one chunk
+  CheckAdamWRanges(dt, many, 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, OptimizerCuda, ::testing::Values(cuda::DType::kF32, cuda::DType::kBF16),

@@ -65,7 +65,10 @@ void CheckStepAgainstCpu(const GPT2Config& c, int B, int T, cuda::DType dt,
   ASSERT_TRUE((*gpu)->LoadParams((*cpu)->params()).ok());
   std::vector<int32_t> in, tg;
   Batch(c, B, T, &in, &tg);
-  const double tol = dt == cuda::DType::kF32 ? 1e-5 : 1e-2;
+  // fp32 with a fused GELU runs cuBLASLt's GELU, which kernels/matmul.cu does not promise equals
+  // math::gelu (erf and tanh forms differ by up to ~5e-4 absolute): bf16-like bounds then.
+  const bool exact = dt == cuda::DType::kF32 && (!options || options->GeluFusion(dt) == 0);
+  const double tol = exact ? 1e-5 : 1e-2;
 
   auto eval = (*gpu)->Forward(in.data(), tg.data(), B, T);
   ASSERT_TRUE(eval.ok()) << eval.status().ToString();
@@ -81,7 +84,7 @@ void CheckStepAgainstCpu(const GPT2Config& c, int B, int T, cuda::DType dt,
 
   std::vector<float> g((*cpu)->grads().size());
   ASSERT_TRUE((*gpu)->StoreGrads(g).ok());
-  const double gtol = dt == cuda::DType::kF32 ? 1e-4 : 5e-2;
+  const double gtol = exact ? 1e-4 : 5e-2;
   for (const ParamTensor& t : (*cpu)->layout().tensors()) {
     double max_ref = 0, max_err = 0;
     for (int64_t i = t.offset; i < t.offset + t.numel; ++i) {
@@ -99,12 +102,12 @@ void CheckStepAgainstCpu(const GPT2Config& c, int B, int T, cuda::DType dt,
   const float cpu_norm = opt.Step((*cpu)->params(), (*cpu)->grads(), 1e-3, 1);
   auto gpu_norm = (*gpu)->Step(oc, 1e-3, 1);
   ASSERT_TRUE(gpu_norm.ok()) << gpu_norm.status().ToString();
-  EXPECT_NEAR(*gpu_norm, cpu_norm, (dt == cuda::DType::kF32 ? 1e-4 : 2e-2) * cpu_norm);
+  EXPECT_NEAR(*gpu_norm, cpu_norm, (exact ? 1e-4 : 2e-2) * cpu_norm);
   std::vector<float> p((*cpu)->params().size());
   ASSERT_TRUE((*gpu)->StoreParams(p).ok());
   // One Adam step moves each parameter by ~lr; fp32 differences stay far below that.
   for (size_t i = 0; i < p.size(); ++i) {
-    ASSERT_NEAR(p[i], (*cpu)->params()[i], dt == cuda::DType::kF32 ? 1e-5 : 2e-3) << "param " << i;
+    ASSERT_NEAR(p[i], (*cpu)->params()[i], exact ? 1e-5 : 2e-3) << "param " << i;
   }
 }
 
@@ -112,11 +115,19 @@ struct StepCase {
   cuda::DType dt;
   Attention attention;
   int recompute;
+  int gelu_fusion = -1;
+  bool fuse_residual = true;
+  GPT2CudaOptions Options() const {
+    return {.attention = attention, .recompute = recompute, .gelu_fusion = gelu_fusion, .fuse_residual = fuse_residual};
+  }
 };
 std::string CaseName(const StepCase& s) {
   const char* a = s.attention == Attention::kFlash ? "flash" : s.attention == Attention::kFlashSimt ? "flashsimt"
                                                                                                     : "gemm";
-  return std::string(cuda::DTypeName(s.dt)) + "_" + a + "_recompute" + std::to_string(s.recompute);
+  std::string name = std::string(cuda::DTypeName(s.dt)) + "_" + a + "_recompute" + std::to_string(s.recompute);
+  if (s.gelu_fusion >= 0) name += "_gelufusion" + std::to_string(s.gelu_fusion);
+  if (!s.fuse_residual) name += "_unfusedresidual";
+  return name;
 }
 void PrintTo(const StepCase& s, std::ostream* os) { *os << CaseName(s); }
 std::vector<StepCase> AllCases() {
@@ -127,6 +138,14 @@ std::vector<StepCase> AllCases() {
     }
   }
   cases.push_back({cuda::DType::kBF16, Attention::kFlashSimt, 0});
+  // The epilogue fusions one at a time (the defaults: bf16 GELU fusion 2, fp32 0, residual fused).
+  for (int f = 0; f <= 2; ++f) {
+    cases.push_back({cuda::DType::kBF16, Attention::kFlash, 0, f});
+    cases.push_back({cuda::DType::kBF16, Attention::kFlash, 1, f});
+  }
+  cases.push_back({cuda::DType::kF32, Attention::kFlash, 0, 2});
+  cases.push_back({cuda::DType::kF32, Attention::kFlash, 0, -1, false});
+  cases.push_back({cuda::DType::kBF16, Attention::kFlash, 0, -1, false});
   return cases;
 }
 
@@ -135,7 +154,7 @@ class GPT2CudaStep : public ::testing::TestWithParam<StepCase> {};
 TEST_P(GPT2CudaStep, MatchesCpuStep) {
   TF_SKIP_WITHOUT_GPU();
   const StepCase s = GetParam();
-  CheckStepAgainstCpu(Hs64Config(), 3, 37, s.dt, GPT2CudaOptions{.attention = s.attention, .recompute = s.recompute});
+  CheckStepAgainstCpu(Hs64Config(), 3, 37, s.dt, s.Options());
 }
 
 INSTANTIATE_TEST_SUITE_P(Options, GPT2CudaStep, ::testing::ValuesIn(AllCases()),
@@ -188,13 +207,15 @@ StepBits RunStep(const GPT2Config& c, int B, int T, cuda::DType dt, const GPT2Cu
 
 class GPT2CudaRecompute : public ::testing::TestWithParam<cuda::DType> {};
 
+// (GELU fusion off: recomputation re-runs math::gelu, while a fused forward used cuBLASLt's GELU,
+// so with fusion the recomputed GELU can differ from the stored one in the last bit.)
 TEST_P(GPT2CudaRecompute, BitIdenticalToStoringAndDeterministic) {
   TF_SKIP_WITHOUT_GPU();
   const cuda::DType dt = GetParam();
   for (Attention a : {Attention::kFlash, Attention::kGemm}) {
-    const StepBits base = RunStep(Hs64Config(), 3, 37, dt, {.attention = a, .recompute = 0}, 2);
+    const StepBits base = RunStep(Hs64Config(), 3, 37, dt, {.attention = a, .recompute = 0, .gelu_fusion = 0}, 2);
     for (int r = 1; r <= 2; ++r) {
-      const StepBits got = RunStep(Hs64Config(), 3, 37, dt, {.attention = a, .recompute = r}, 1);
+      const StepBits got = RunStep(Hs64Config(), 3, 37, dt, {.attention = a, .recompute = r, .gelu_fusion = 0}, 1);
       const std::string what = CaseName({dt, a, r});
       EXPECT_EQ(std::memcmp(&got.loss, &base.loss, 4), 0) << what;
       ASSERT_EQ(got.grads.size(), base.grads.size()) << what;
@@ -247,7 +268,7 @@ INSTANTIATE_TEST_SUITE_P(DTypes, GPT2CudaRecompute, ::testing::Values(cuda::DTyp
 TEST(GPT2CudaPlan, EstimateMatchesAllocation) {
   TF_SKIP_WITHOUT_GPU();
   for (const StepCase& s : AllCases()) {
-    const GPT2CudaOptions o{.attention = s.attention, .recompute = s.recompute};
+    const GPT2CudaOptions o = s.Options();
     auto est = GPT2Cuda::EstimateMemory(Hs64Config(), 3, 37, s.dt, o);
     ASSERT_TRUE(est.ok()) << est.status().ToString();
     auto gpu = GPT2Cuda::Create(Hs64Config(), 3, 37, s.dt, o);
@@ -308,6 +329,8 @@ TEST(GPT2CudaPlan, FlashRejectsHeadSizeAbove128) {
                      .padded_vocab_size = 128};
   EXPECT_EQ(GPT2Cuda::Create(c, 1, 16, cuda::DType::kBF16).status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(GPT2Cuda::Create(c, 1, 16, cuda::DType::kBF16, GPT2CudaOptions{.attention = Attention::kGemm}).ok());
+  EXPECT_EQ(GPT2Cuda::Create(Hs64Config(), 1, 16, cuda::DType::kBF16, GPT2CudaOptions{.gelu_fusion = 3}).status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(GPT2Cuda::Create(Hs64Config(), 1, 16, cuda::DType::kBF16, GPT2CudaOptions{.recompute = 3}).status().code(),
             StatusCode::kInvalidArgument);
 }
