@@ -3,6 +3,7 @@
 // tokens/s and the achieved FLOP rate counting 6 * params * tokens per step.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "kernels/status.h"
 #include "model/config.h"
@@ -20,6 +21,9 @@ struct BenchOptions {
   int recompute = 0;                // 0, 1 or 2
   int gelu_fusion = -1;             // -1 (auto), 0, 1 or 2
   bool fuse_residual = true;
+  // CUDA: after the timed steps, this many more steps with every piece of GPU work timed by name
+  // (cuda::RangeProfiler), printed as a table (0 = none).
+  int profile_steps = 0;
 };
 
 struct BenchResult {
@@ -31,6 +35,13 @@ struct BenchResult {
   double mfu_with_attention = 0;
   double planned_gb = 0;      // CUDA: the model's planned device buffers (GPT2Cuda::memory().total)
   double device_used_gb = 0;  // CUDA: device memory in use after the steps (cudaMemGetInfo), all of it
+  // CUDA with profile_steps > 0: GPU ms per step by piece of work, largest first.
+  struct ProfileRow {
+    std::string name;
+    double ms_per_step = 0;
+    double calls_per_step = 0;
+  };
+  std::vector<ProfileRow> profile;
 };
 
 StatusOr<BenchResult> RunBench(const GPT2Config& config, const BenchOptions& options);

@@ -218,6 +218,10 @@ int RunCli(int argc, char** argv) {
       ->capture_default_str();
   bench->add_flag("!--no-fuse-residual", bopt.fuse_residual,
                   "CUDA: separate residual-add kernels instead of folding them into the GEMMs");
+  bench->add_option("--profile-steps", bopt.profile_steps,
+                    "CUDA: after the timed steps, N more with the GPU time of each piece of work (table)")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -331,6 +335,16 @@ int RunCli(int argc, char** argv) {
                  "{:.2f} GB in use\n",
                  bopt.dtype, bopt.attention, bopt.recompute, bopt.gelu_fusion, bopt.fuse_residual ? "fused" : "unfused",
                  100.0 * r->mfu, 100.0 * r->mfu_with_attention, r->planned_gb, r->device_used_gb);
+    }
+    if (!r->profile.empty()) {
+      double total = 0;
+      for (const auto& row : r->profile) total += row.ms_per_step;
+      fmt::print("bench: GPU time per step by piece of work ({} profiled steps; {:.2f} ms in all):\n",
+                 bopt.profile_steps, total);
+      for (const auto& row : r->profile) {
+        fmt::print("PROFILE {:<18} {:8.3f} ms {:5.1f}%  {:6.1f} calls\n", row.name, row.ms_per_step,
+                   100.0 * row.ms_per_step / total, row.calls_per_step);
+      }
     }
     fmt::print("BENCH_RESULT ms_per_step={:.3f} tokens_per_s={:.1f} gflops={:.2f} gemm_peak_gflops={:.2f} mfu={:.4f} "
                "mfu_with_attention={:.4f} device_used_gb={:.2f}\n",

@@ -288,8 +288,10 @@ Status GPT2Cuda::StoreGrads(std::span<float> host) const {
 }
 
 Status GPT2Cuda::ZeroGrad() {
+  Mark("zero grads");
   TF_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(grads_.data(), 0, layout_.total() * cuda::DTypeSize(dtype_), stream_));
+  EndMark();
   return Status::OK();
 }
 
@@ -341,6 +343,7 @@ Status GPT2Cuda::RunForward(int B, int T) {
   const int64_t gelu_stride = plan_.fch_gelu_stride == 0 ? 0 : NC * 4;
   const int gelu_fusion = options_.GeluFusion(dtype_);
   const bool fuse_residual = options_.fuse_residual;
+  Mark("embedding fwd");
   TF_RETURN_IF_ERROR(cuda::encoder_forward(At(acts_, a.encoded), inputs, W(0), W(1), B, T, C, dtype_, stream_));
   void* residual = At(acts_, a.encoded);
   for (int l = 0; l < config_.n_layer; ++l) {
@@ -354,17 +357,26 @@ Status GPT2Cuda::RunForward(int B, int T) {
     void* fch = At(acts_, a.fch + l * NC * 4);
     void* fch_gelu = At(acts_, a.fch_gelu + l * gelu_stride);
     void* residual3 = At(acts_, a.residual3 + l * NC);
+    Mark("layernorm fwd");
     TF_RETURN_IF_ERROR(cuda::layernorm_forward(ln1, stats + st.ln1_mean + l * N, stats + st.ln1_rstd + l * N,
                                                residual, W(p), W(p + 1), static_cast<int>(N), C, dtype_, stream_));
+    Mark("qkv fwd");
     TF_RETURN_IF_ERROR(cuda::matmul_forward(ctx, qkv, ln1, W(p + 2), W(p + 3), static_cast<int>(N), C, 3 * C, dtype_));
+    Mark("attention fwd");
     TF_RETURN_IF_ERROR(AttentionForward(l, B, T));
     // residual2 = residual + attention projection (one GEMM with fuse_residual).
+    Mark("attproj fwd");
     TF_RETURN_IF_ERROR(cuda::matmul_forward(ctx, residual2, atty, W(p + 4), W(p + 5), static_cast<int>(N), C, C,
                                             dtype_, nullptr, fuse_residual ? residual : nullptr));
-    if (!fuse_residual) TF_RETURN_IF_ERROR(cuda::accumulate(residual2, residual, NC, dtype_, stream_));
+    if (!fuse_residual) {
+      Mark("residual add");
+      TF_RETURN_IF_ERROR(cuda::accumulate(residual2, residual, NC, dtype_, stream_));
+    }
+    Mark("layernorm fwd");
     TF_RETURN_IF_ERROR(cuda::layernorm_forward(ln2, stats + st.ln2_mean + l * N, stats + st.ln2_rstd + l * N,
                                                residual2, W(p + 6), W(p + 7), static_cast<int>(N), C, dtype_,
                                                stream_));
+    Mark("fc fwd");
     if (gelu_fusion >= 1) {
       // The fc GEMM writes the pre-activation fch and its GELU (cuBLASLt's) in one pass.
       TF_RETURN_IF_ERROR(cuda::matmul_forward(ctx, fch_gelu, ln2, W(p + 8), W(p + 9), static_cast<int>(N), C, 4 * C,
@@ -373,16 +385,23 @@ Status GPT2Cuda::RunForward(int B, int T) {
       // Unfused GELU: exactly math::gelu (the tanh form), which the backward differentiates.
       TF_RETURN_IF_ERROR(
           cuda::matmul_forward(ctx, fch, ln2, W(p + 8), W(p + 9), static_cast<int>(N), C, 4 * C, dtype_));
+      Mark("gelu fwd");
       TF_RETURN_IF_ERROR(cuda::gelu_forward(fch_gelu, fch, NC * 4, dtype_, stream_));
     }
+    Mark("fcproj fwd");
     TF_RETURN_IF_ERROR(cuda::matmul_forward(ctx, residual3, fch_gelu, W(p + 10), W(p + 11), static_cast<int>(N),
                                             4 * C, C, dtype_, nullptr, fuse_residual ? residual2 : nullptr));
-    if (!fuse_residual) TF_RETURN_IF_ERROR(cuda::accumulate(residual3, residual2, NC, dtype_, stream_));
+    if (!fuse_residual) {
+      Mark("residual add");
+      TF_RETURN_IF_ERROR(cuda::accumulate(residual3, residual2, NC, dtype_, stream_));
+    }
     residual = residual3;
   }
   const size_t f = tensors.size() - 2;
+  Mark("layernorm fwd");
   TF_RETURN_IF_ERROR(cuda::layernorm_forward(At(acts_, a.lnf), stats + st.lnf_mean, stats + st.lnf_rstd, residual,
                                              W(f), W(f + 1), static_cast<int>(N), C, dtype_, stream_));
+  Mark("lm head fwd");
   return cuda::matmul_forward(ctx, At(acts_, a.logits), At(acts_, a.lnf), W(0), nullptr, static_cast<int>(N), C,
                               Vp, dtype_);
 }
@@ -416,11 +435,14 @@ Status GPT2Cuda::RunBackward(int B, int T) {
   const int n = static_cast<int>(N);
 
   // LM head (tied): dlnf = dlogits @ wte; dwte += dlogits^T @ lnf.
+  Mark("lm head bwd");
   TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dln, G(0), nullptr, At(acts_, a.logits), At(acts_, a.lnf), W(0), n,
                                            C, Vp, dtype_, nullptr, overwrite));
+  Mark("zero");
   TF_RETURN_IF_ERROR(zero(a.dresidual, NC));
   const size_t f = tensors.size() - 2;
   void* last = config_.n_layer > 0 ? At(acts_, a.residual3 + (config_.n_layer - 1) * NC) : At(acts_, a.encoded);
+  Mark("layernorm bwd");
   TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(f), G(f + 1), dln, last, W(f), stats + st.lnf_mean,
                                               stats + st.lnf_rstd, n, C, dtype_, scratch_f, scratch_bytes, stream_));
   auto ready = [&](int64_t begin, int64_t end) {
@@ -440,7 +462,11 @@ Status GPT2Cuda::RunBackward(int B, int T) {
     void* datty = At(acts_, a.datty);
     void* dqkv = At(acts_, a.dqkv);
     // Recomputation re-runs the forward kernels on the same inputs: bit-identical activations.
-    if (options_.recompute >= 1) TF_RETURN_IF_ERROR(cuda::gelu_forward(fch_gelu, fch, NC * 4, dtype_, stream_));
+    if (options_.recompute >= 1) {
+      Mark("recompute");
+      TF_RETURN_IF_ERROR(cuda::gelu_forward(fch_gelu, fch, NC * 4, dtype_, stream_));
+    }
+    Mark("fcproj bwd");
     if (fused_dgelu) {
       // dfch = (dresidual @ Wfcproj) * gelu'(fch) in the GEMM's epilogue.
       cuda::MatmulBackwardOptions dgelu = overwrite;
@@ -450,31 +476,41 @@ Status GPT2Cuda::RunBackward(int B, int T) {
     } else {
       TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dfch, G(p + 10), G(p + 11), dresidual, fch_gelu, W(p + 10), n,
                                                4 * C, C, dtype_, scratch_f, overwrite));
+      Mark("gelu bwd");
       TF_RETURN_IF_ERROR(cuda::gelu_backward(dfch, fch, dfch, NC * 4, dtype_, stream_));
     }
     if (options_.recompute >= 2) {
+      Mark("recompute");
       TF_RETURN_IF_ERROR(cuda::layernorm_forward(ln2, nullptr, nullptr, residual2, W(p + 6), W(p + 7), n, C, dtype_,
                                                  stream_));
     }
+    Mark("fc bwd");
     TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dln, G(p + 8), G(p + 9), dfch, ln2, W(p + 8), n, C, 4 * C, dtype_,
                                              scratch_f, overwrite));
+    Mark("layernorm bwd");
     TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(p + 6), G(p + 7), dln, residual2, W(p + 6),
                                                 stats + st.ln2_mean + l * N, stats + st.ln2_rstd + l * N, n, C,
                                                 dtype_, scratch_f, scratch_bytes, stream_));
+    Mark("attproj bwd");
     TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, datty, G(p + 4), G(p + 5), dresidual, atty, W(p + 4), n, C, C,
                                              dtype_, scratch_f, overwrite));
+    Mark("attention bwd");
     TF_RETURN_IF_ERROR(AttentionBackward(l, B, T));  // dqkv overwritten
     if (options_.recompute >= 2) {
+      Mark("recompute");
       TF_RETURN_IF_ERROR(
           cuda::layernorm_forward(ln1, nullptr, nullptr, residual, W(p), W(p + 1), n, C, dtype_, stream_));
     }
+    Mark("qkv bwd");
     TF_RETURN_IF_ERROR(cuda::matmul_backward(ctx, dln, G(p + 2), G(p + 3), dqkv, ln1, W(p + 2), n, C, 3 * C, dtype_,
                                              scratch_f, overwrite));
+    Mark("layernorm bwd");
     TF_RETURN_IF_ERROR(cuda::layernorm_backward(dresidual, G(p), G(p + 1), dln, residual, W(p),
                                                 stats + st.ln1_mean + l * N, stats + st.ln1_rstd + l * N, n, C,
                                                 dtype_, scratch_f, scratch_bytes, stream_));
     ready(layout_.LayerBegin(l), layout_.LayerEnd(l));
   }
+  Mark("embedding bwd");
   TF_RETURN_IF_ERROR(cuda::encoder_backward(G(0), G(1), dresidual, inputs, B, T, C, dtype_, scratch_.data(),
                                             scratch_bytes, stream_));
   ready(0, config_.n_layer > 0 ? layout_.LayerBegin(0) : static_cast<int64_t>(tensors[f].offset));
@@ -496,12 +532,15 @@ StatusOr<float> GPT2Cuda::Forward(const int32_t* inputs, const int32_t* targets,
   }
   const int N = B * T;
   int32_t* dev = tokens_.as<int32_t>();
+  Mark("tokens to device");
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, inputs, N * 4, cudaMemcpyHostToDevice, stream_));
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev + N, targets, N * 4, cudaMemcpyHostToDevice, stream_));
   TF_RETURN_IF_ERROR(RunForward(B, T));
+  Mark("cross-entropy");
   TF_RETURN_IF_ERROR(cuda::crossentropy_forward_backward(At(acts_, plan_.a.logits), stats_.as<float>() + plan_.s.losses,
                                                          dev + N, N, config_.vocab_size, config_.padded_vocab_size,
                                                          0.0f, dtype_, stream_));
+  EndMark();
   return MeanLoss(N);
 }
 
@@ -523,17 +562,21 @@ Status GPT2Cuda::TrainingPass(const int32_t* inputs, const int32_t* targets, int
   }
   const int N = B * T;
   int32_t* dev = tokens_.as<int32_t>();
+  Mark("tokens to device");
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, inputs, N * 4, cudaMemcpyHostToDevice, stream_));
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev + N, targets, N * 4, cudaMemcpyHostToDevice, stream_));
   TF_RETURN_IF_ERROR(RunForward(B, T));
   float* losses = stats_.as<float>() + plan_.s.losses;
+  Mark("cross-entropy");
   TF_RETURN_IF_ERROR(cuda::crossentropy_forward_backward(At(acts_, plan_.a.logits), losses, dev + N, N,
                                                          config_.vocab_size, config_.padded_vocab_size,
                                                          grad_scale / static_cast<float>(N), dtype_, stream_));
   if (accumulate_loss) {
+    Mark("loss accumulate");
     TF_RETURN_IF_ERROR(cuda::accumulate_loss(losses, N, 1.0 / N, norm_.as<double>() + 1, stream_));
   }
   TF_RETURN_IF_ERROR(RunBackward(B, T));
+  EndMark();
   TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(backward_done_, stream_));
   return Status::OK();
 }
@@ -553,6 +596,7 @@ StatusOr<float> GPT2Cuda::Step(const AdamWConfig& c, double lr, int64_t t) {
   // on the device from the sum of squares (math::grad_clip_scale, the CPU optimizer's formula), so
   // there is no host round trip between them; the norm is read back once the update is queued.
   double* sum_sq = norm_.as<double>();
+  Mark("grad norm");
   TF_RETURN_IF_ERROR(cuda::sum_squares(grads_.data(), P, dtype_, sum_sq, scratch_.data(), plan_.scratch_bytes,
                                        stream_));
   math::AdamWParams h;
@@ -567,8 +611,10 @@ StatusOr<float> GPT2Cuda::Step(const AdamWConfig& c, double lr, int64_t t) {
   void* out = dtype_ == DType::kF32 ? static_cast<void*>(master) : params_.data();
   const auto* ends = static_cast<const int64_t*>(ranges_.data());
   const auto* decay = static_cast<const uint8_t*>(ranges_.data()) + num_ranges_ * sizeof(int64_t);
+  Mark("adamw");
   TF_RETURN_IF_ERROR(cuda::adamw_step_ranges(master, m_.as<float>(), v_.as<float>(), grads_.data(), out, P, ends,
                                              decay, num_ranges_, sum_sq, c.grad_clip, h, dtype_, dtype_, stream_));
+  EndMark();
   double sq = 0;
   TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&sq, sum_sq, sizeof(double), cudaMemcpyDeviceToHost, stream_));
   TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));

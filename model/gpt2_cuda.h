@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels/cublas_handle.h"
+#include "kernels/cuda_profiler.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/optimizer.h"
 #include "model/config.h"
@@ -159,6 +160,10 @@ class GPT2Cuda {
   using GradReadyHook = std::function<void(int64_t begin, int64_t end)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
+  // Optional: time every piece of compute-stream work by name ("qkv fwd", "attention bwd", "adamw",
+  // ...) with `profiler` (created on compute_stream(); nullptr turns it off). The caller collects.
+  void set_profiler(cuda::RangeProfiler* profiler) { profiler_ = profiler; }
+
   cudaStream_t compute_stream() const { return stream_; }
   cudaStream_t comm_stream() const { return comm_stream_; }
   cudaStream_t copy_stream() const { return copy_stream_; }
@@ -211,6 +216,13 @@ class GPT2Cuda {
   Options options_;
   cudaStream_t stream_ = nullptr, comm_stream_ = nullptr, copy_stream_ = nullptr;
   GradReadyHook grad_ready_;
+  cuda::RangeProfiler* profiler_ = nullptr;
+  void Mark(const char* name) {
+    if (profiler_ != nullptr) profiler_->Begin(name);
+  }
+  void EndMark() {
+    if (profiler_ != nullptr) profiler_->End();
+  }
   cudaEvent_t backward_done_ = nullptr;
   std::unique_ptr<cuda::CublasContext> blas_;
   GPT2CudaMemory memory_;

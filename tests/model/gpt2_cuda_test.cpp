@@ -323,6 +323,47 @@ TEST(GPT2CudaPlan, StreamsEventAndDevicePointers) {
   }
 }
 
+// With a profiler attached, every piece of a step is timed under its name: per-layer pieces once
+// per layer, the optimizer once; the step's results do not change.
+TEST(GPT2CudaPlan, ProfilerNamesEveryPieceOfAStep) {
+  TF_SKIP_WITHOUT_GPU();
+  const GPT2Config c = Hs64Config();
+  auto gpu = GPT2Cuda::Create(c, 2, 16, cuda::DType::kBF16);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  GPT2Cuda& m = **gpu;
+  std::vector<float> host(static_cast<size_t>(m.num_params()), 0.01f);
+  ASSERT_TRUE(m.LoadParams(host).ok());
+  auto profiler = cuda::RangeProfiler::Create(m.compute_stream());
+  ASSERT_TRUE(profiler.ok());
+  m.set_profiler(profiler->get());
+  std::vector<int32_t> in, tg;
+  Batch(c, 2, 16, &in, &tg);
+  ASSERT_TRUE(m.ZeroGrad().ok());
+  ASSERT_TRUE(m.ForwardBackward(in.data(), tg.data(), 2, 16, 1.0f).ok());
+  ASSERT_TRUE(m.Step(AdamWConfig{}, 1e-3, 1).ok());
+  m.set_profiler(nullptr);
+  auto totals = (*profiler)->Collect();
+  ASSERT_TRUE(totals.ok()) << totals.status().ToString();
+  auto count = [&](const std::string& name) {
+    for (const auto& t : *totals) {
+      if (t.name == name) return t.count;
+    }
+    return 0;
+  };
+  for (const char* per_layer : {"qkv fwd", "attention fwd", "attproj fwd", "fc fwd", "fcproj fwd", "qkv bwd",
+                                "attention bwd", "attproj bwd", "fc bwd", "fcproj bwd"}) {
+    EXPECT_EQ(count(per_layer), c.n_layer) << per_layer;
+  }
+  EXPECT_EQ(count("layernorm fwd"), 2 * c.n_layer + 1);
+  EXPECT_EQ(count("layernorm bwd"), 2 * c.n_layer + 1);
+  for (const char* once : {"embedding fwd", "lm head fwd", "cross-entropy", "lm head bwd", "embedding bwd",
+                           "grad norm", "adamw", "zero grads"}) {
+    EXPECT_EQ(count(once), 1) << once;
+  }
+  EXPECT_EQ(count("gelu fwd"), 0);  // bf16 default: fused into the fc GEMM
+  EXPECT_EQ(count("residual add"), 0);
+}
+
 TEST(GPT2CudaPlan, FlashRejectsHeadSizeAbove128) {
   TF_SKIP_WITHOUT_GPU();
   const GPT2Config c{.n_layer = 1, .n_head = 1, .n_embd = 256, .vocab_size = 97, .block_size = 16,
