@@ -87,6 +87,13 @@ TEST(GPT2CudaMemory, AttentionAndRecomputeSave) {
   EXPECT_LT(r1.total, r0.total);
   EXPECT_LT(r0.total, gemm.total);
   EXPECT_EQ(r0.total, r0.buffers + r0.cublas_workspace);
+  // The epilogue fusions change no buffer: the plan is the same with and without them.
+  const auto unfused = GPT2Cuda::EstimateMemory(
+      c, 16, 1024, DType::kBF16, GPT2CudaOptions{.gelu_fusion = 0, .fuse_residual = false});
+  ASSERT_TRUE(unfused.ok());
+  EXPECT_EQ(unfused->total, r0.total);
+  // Besides tokens and two doubles, `other` holds AdamW's decay-run table (9 bytes per run).
+  EXPECT_EQ(r0.other, 2 * size_t(N) * 4 + 2 * sizeof(double) + DecayRanges(ParameterLayout(c)).size() * 9);
   // fp32 mode: no separate master copy.
   EXPECT_EQ(Estimate(c, 2, 64, DType::kF32, Attention::kFlash, 0).master, 0u);
 }
@@ -94,6 +101,8 @@ TEST(GPT2CudaMemory, AttentionAndRecomputeSave) {
 TEST(GPT2CudaMemory, RejectsBadOptions) {
   const GPT2Config c = Load("gpt2-124m.json");
   EXPECT_FALSE(GPT2Cuda::EstimateMemory(c, 16, 1024, DType::kBF16, GPT2CudaOptions{.recompute = 3}).ok());
+  EXPECT_FALSE(GPT2Cuda::EstimateMemory(c, 16, 1024, DType::kBF16, GPT2CudaOptions{.gelu_fusion = 3}).ok());
+  EXPECT_FALSE(GPT2Cuda::EstimateMemory(c, 16, 1024, DType::kBF16, GPT2CudaOptions{.gelu_fusion = -2}).ok());
   EXPECT_FALSE(GPT2Cuda::EstimateMemory(c, 16, 2048, DType::kBF16, GPT2CudaOptions{}).ok());  // > block_size
   GPT2Config wide = c;
   wide.n_head = 3;  // head size 256: flash cannot, GEMM attention can
