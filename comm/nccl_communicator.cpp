@@ -65,7 +65,9 @@ const Nccl& LoadNccl() {
     for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
                                 "/usr/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
                                 "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                                "/opt/conda/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
+                                "/opt/conda/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                                "/opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                                "/opt/venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
       glob_t g{};
       if (glob(pattern, 0, nullptr, &g) == 0) {
         for (size_t i = 0; i < g.gl_pathc; ++i) attempt(g.gl_pathv[i]);

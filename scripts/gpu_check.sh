@@ -50,6 +50,23 @@ CUDA_LIBS="${CUDA_HOME:-/usr/local/cuda}/lib64"
 libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF; exit}')
 [[ -z "$libcuda" ]] && libcuda=$(ls /usr/local/nvidia/lib64/libcuda.so.1 /usr/lib/x86_64-linux-gnu/libcuda.so.1 2>/dev/null | head -1)
 [[ -n "$libcuda" ]] && CUDA_LIBS="$CUDA_LIBS:$(dirname "$libcuda")"
+# NCCL and cuDNN: where PyTorch's wheels put them (nvidia-nccl-cu13, nvidia-cudnn-cu13) when the
+# system has none; both are dlopen()ed by trainflow, so only the search path matters.
+PY_NVIDIA_LIBS=$(python3 - 2>/dev/null <<'PY'
+import importlib, os
+dirs = []
+for name in ("nvidia.nccl", "nvidia.cudnn"):
+    try:
+        m = importlib.import_module(name)
+        for p in getattr(m, "__path__", []):
+            if os.path.isdir(os.path.join(p, "lib")):
+                dirs.append(os.path.join(p, "lib"))
+    except Exception:
+        pass
+print(":".join(dirs))
+PY
+)
+[[ -n "$PY_NVIDIA_LIBS" ]] && CUDA_LIBS="$CUDA_LIBS:$PY_NVIDIA_LIBS"
 echo "CUDA libraries from: $CUDA_LIBS"
 
 # Run a bundled binary: directly with the bundled libraries first; if it cannot start (other
