@@ -4,6 +4,7 @@
 #include <chrono>
 #include <vector>
 
+#include <fmt/format.h>
 #include <omp.h>
 
 #include "engine/optimizer.h"
@@ -60,7 +61,7 @@ StatusOr<BenchResult> RunCudaBench(const GPT2Config& config, const BenchOptions&
   mo.fuse_residual = o.fuse_residual;
   TF_ASSIGN_OR_RETURN(std::unique_ptr<GPT2Cuda> model, GPT2Cuda::Create(config, o.batch, o.seq, dt, mo));
   std::vector<float> host(static_cast<size_t>(model->layout().total()));
-  InitGPT2Weights(config, 1, host);
+  InitGPT2Weights(config, 1, host, /*parallel=*/true);
   TF_RETURN_IF_ERROR(model->LoadParams(host));
   std::vector<int32_t> inputs(static_cast<size_t>(o.batch) * o.seq), targets(inputs.size());
   Rng rng(7);
@@ -120,6 +121,8 @@ StatusOr<BenchResult> RunCudaBench(const GPT2Config& config, const BenchOptions&
   const double attention_flops = 6.0 * config.n_layer * config.n_embd * static_cast<double>(o.seq) * tokens;
   r.mfu_with_attention = (r.gflops + attention_flops / (r.median_ms / 1000.0) / 1e9) / (peak * 1e3);
   r.planned_gb = static_cast<double>(model->memory().total) / 1e9;
+  r.cuda_options = fmt::format("attention {}, recompute {}, gelu fusion {}, residual {}", AttentionName(mo.attention),
+                               mo.recompute, mo.GeluFusion(dt), mo.fuse_residual ? "fused" : "unfused");
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     r.device_used_gb = static_cast<double>(total_bytes - free_bytes) / 1e9;

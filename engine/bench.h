@@ -35,6 +35,7 @@ struct BenchResult {
   double mfu_with_attention = 0;
   double planned_gb = 0;      // CUDA: the model's planned device buffers (GPT2Cuda::memory().total)
   double device_used_gb = 0;  // CUDA: device memory in use after the steps (cudaMemGetInfo), all of it
+  std::string cuda_options;   // CUDA: the model options in effect, defaults resolved
   // CUDA with profile_steps > 0: GPU ms per step by piece of work, largest first.
   struct ProfileRow {
     std::string name;

@@ -330,11 +330,10 @@ int RunCli(int argc, char** argv) {
                  r->gemm_peak_gflops, cpu::gemm_engine_name(), 100.0 * r->gflops / r->gemm_peak_gflops);
     }
     if (bopt.device == "cuda") {
-      fmt::print("bench: {} on CUDA (attention {}, recompute {}, gelu fusion {}, residual {}): MFU {:.1f}% "
-                 "(6*params), {:.1f}% with attention FLOPs (llm.c's count); device memory {:.2f} GB planned, "
-                 "{:.2f} GB in use\n",
-                 bopt.dtype, bopt.attention, bopt.recompute, bopt.gelu_fusion, bopt.fuse_residual ? "fused" : "unfused",
-                 100.0 * r->mfu, 100.0 * r->mfu_with_attention, r->planned_gb, r->device_used_gb);
+      fmt::print("bench: {} on CUDA ({}): MFU {:.1f}% (6*params), {:.1f}% with attention FLOPs (llm.c's count); "
+                 "device memory {:.2f} GB planned, {:.2f} GB in use\n",
+                 bopt.dtype, r->cuda_options, 100.0 * r->mfu, 100.0 * r->mfu_with_attention, r->planned_gb,
+                 r->device_used_gb);
     }
     if (!r->profile.empty()) {
       double total = 0;

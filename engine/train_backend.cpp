@@ -61,9 +61,10 @@ class CudaBackend final : public TrainBackend {
 
   std::string Describe() const override {
     const GPT2CudaOptions& o = model_->options();
-    return fmt::format("cuda:{} {}, {}, attention {}, recompute {}, {:.2f} GiB device memory planned", device_,
-                       cuda::DeviceDescription(device_), cuda::DTypeName(model_->dtype()), AttentionName(o.attention),
-                       o.recompute, model_->device_bytes() / double(1 << 30));
+    return fmt::format("cuda:{} {}, {}, attention {}, recompute {}, gelu fusion {}, {:.2f} GiB device memory planned",
+                       device_, cuda::DeviceDescription(device_), cuda::DTypeName(model_->dtype()),
+                       AttentionName(o.attention), o.recompute, o.GeluFusion(model_->dtype()),
+                       model_->device_bytes() / double(1 << 30));
   }
   const ParameterLayout& layout() const override { return model_->layout(); }
   Status ZeroGrad() override { return model_->ZeroGrad(); }
@@ -163,6 +164,7 @@ StatusOr<std::unique_ptr<TrainBackend>> MakeCudaBackend(const GPT2Config& config
   GPT2CudaOptions mo;
   TF_ASSIGN_OR_RETURN(mo.attention, ParseAttention(options.attention));
   mo.recompute = options.recompute;
+  mo.gelu_fusion = options.gelu_fusion;
   const int n = cuda::DeviceCount();
   if (device < 0 || device >= n) {
     return Status::InvalidArgument("CUDA device {} requested but {} {} visible", device, n, n == 1 ? "is" : "are");

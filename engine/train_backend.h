@@ -91,6 +91,7 @@ struct CudaBackendOptions {
   std::string dtype = "bf16";        // "bf16" or "fp32"
   std::string attention = "flash";   // "flash", "flash_simt" or "gemm"
   int recompute = 0;                 // 0, 1 or 2
+  int gelu_fusion = -1;              // -1 (default), 0, 1 or 2
 };
 // The CUDA backend on `device`. Unimplemented in CPU-only builds; InvalidArgument naming the device
 // when it does not exist, or naming a bad option.

@@ -117,6 +117,7 @@ const std::map<std::string, Field>& Fields() {
       {"dtype", Str(&TrainConfig::dtype)},
       {"attention", Str(&TrainConfig::attention)},
       {"recompute", Int(&TrainConfig::recompute, 0)},
+      {"gelu_fusion", Int(&TrainConfig::gelu_fusion, -1)},
       {"compression", Str(&TrainConfig::compression)},
       {"bucket_mb", Real(&TrainConfig::bucket_mb, 1e-6, 1e6)},
       {"first_bucket_mb", Real(&TrainConfig::first_bucket_mb, 1e-6, 1e6)},
@@ -171,6 +172,10 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
     return Status::InvalidArgument("{}: training config key 'recompute' must be 0, 1 or 2, got {}", source,
                                    c.recompute);
   }
+  if (c.gelu_fusion > 2) {
+    return Status::InvalidArgument("{}: training config key 'gelu_fusion' must be -1, 0, 1 or 2, got {}", source,
+                                   c.gelu_fusion);
+  }
   if (c.compression != "auto") {
     if (auto codec = comm::ParseCodec(c.compression); !codec.ok()) {
       return Status::InvalidArgument("{}: training config key 'compression': {}", source, codec.status().message());
@@ -217,6 +222,7 @@ json TrainConfigToJson(const TrainConfig& c) {
           {"dtype", c.dtype},
           {"attention", c.attention},
           {"recompute", c.recompute},
+          {"gelu_fusion", c.gelu_fusion},
           {"compression", c.compression},
           {"bucket_mb", c.bucket_mb},
           {"first_bucket_mb", c.first_bucket_mb},

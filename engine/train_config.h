@@ -61,6 +61,9 @@ struct TrainConfig {
   // activation recomputation 0 (store all), 1 (GELU) or 2 (GELU and LayerNorms; the least memory).
   std::string attention = "flash";
   int recompute = 0;
+  // GELU in the MLP GEMMs' cuBLASLt epilogues: -1 default (model/gpt2_cuda.h), 0 off, 1 forward,
+  // 2 forward and backward.
+  int gelu_fusion = -1;
   // Data parallelism (comm/, docs/distributed.md): gradient compression codec ("none", "bf16",
   // "fp16", "int8", "int8-sr", "sign", "topk:D", or "auto" = measure and choose at start),
   // reducer bucket sizes, and error feedback for lossy codecs.

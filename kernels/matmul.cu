@@ -5,7 +5,7 @@
 // (K, R) matrix with leading dimension K, i.e. its transpose. So each row-major product Y = X W^T is
 // issued as the column-major product Y^T = W X^T, with no data movement:
 //   forward  out^T   (OC,N) =  W    (OC,C)  . inp^T  (C,N)    A = weight (transposed), B = inp
-//   backward dinp^T  (C,N)  += W^T  (C,OC)  . dout^T (OC,N)   A = weight, B = dout
+//   backward dinp^T  (C,N)  += W^T  (C,OC)  . dout^T (OC,N)   A = weight, B = dout  (or = , see below)
 //            dweight^T (C,OC) += inp^T (C,N) . dout  (N,OC)   A = inp,    B = dout (transposed)
 // (The bias vector runs along the column-major rows of out^T, i.e. along OC, as cuBLASLt's
 // CUBLASLT_EPILOGUE_BIAS broadcasts it.)
@@ -19,7 +19,8 @@
 // math::gelu builds tanh from math::fast_exp while the library uses its own tanh, and it may even be
 // the erf form: max |erf-GELU - tanh-GELU| is ~5e-4 absolute). The test therefore checks the fused
 // output with a looser tolerance (2e-3 relative) and prints how far it is from each form; pre_gelu
-// is an exact GEMM + bias and feeds math::gelu_grad in the backward pass either way. The unfused
+// is an exact GEMM + bias and feeds the backward's GELU derivative (math::gelu_grad, or the
+// library's own in the DGELU epilogue below). The unfused
 // path (BiasGeluKernel) applies math::gelu exactly. cuBLASLt requires the aux leading dimension to
 // be a multiple of 8, so OC % 8 != 0 (or a pre_gelu not 16-byte aligned) takes the unfused path.
 //
@@ -31,7 +32,8 @@
 // forward's GELU input, computes (dout W) * GELU'(pre) in the epilogue, so the (N, 4C) gradient is
 // written once instead of written, read, and written again by a separate GELU-backward kernel.
 // The derivative is the library's (pairs with its forward GELU); the fallback applies
-// math::gelu_grad (GeluGradKernel), exactly what the unfused model does.
+// math::gelu_grad (cuda::gelu_backward in place, kernels/elementwise.h), exactly what the unfused
+// model does.
 //
 // Fallback: cuBLASLt may report that it has no algorithm for a configuration (an odd shape, an
 // epilogue it does not support for fp32, an unaligned pointer); such calls run the classic path,
@@ -52,6 +54,7 @@
 
 #include "kernels/cublas_handle.h"
 #include "kernels/cuda_common.cuh"
+#include "kernels/elementwise.h"
 #include "kernels/math.h"
 #include "kernels/matmul.h"
 
@@ -73,13 +76,6 @@ int BiasSlices(int N) { return std::clamp((N + kBiasRowsPerSlice - 1) / kBiasRow
 
 // The unfused epilogue over y (N,OC) = the GEMM result x W^T. bias (OC) may be null. With gelu:
 // pre = y + b and out = gelu(y + b) (pre is y's buffer); without: out = y + b (out may be y).
-template <typename T>
-__global__ void GeluGradKernel(T* d, const T* pre, long n) {
-  for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
-    d[i] = FromFloat<T>(math::gelu_grad(ToFloat(pre[i])) * ToFloat(d[i]));
-  }
-}
-
 template <typename T>
 __global__ void BiasGeluKernel(T* out, T* pre, const T* bias, long n, int OC, bool gelu) {
   for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
@@ -135,15 +131,6 @@ Status LaunchBiasGelu(void* out, void* pre, const void* bias, int N, int OC, boo
     BiasGeluKernel<T><<<grid, kBlock, 0, stream>>>(static_cast<T*>(out), static_cast<T*>(pre),
                                                    static_cast<const T*>(bias), n, OC, gelu);
     return TF_CHECK_LAUNCH("BiasGeluKernel");
-  });
-}
-
-// d = d * math::gelu_grad(pre), elementwise over n.
-Status LaunchGeluGrad(void* d, const void* pre, long n, DType dt, cudaStream_t stream) {
-  const unsigned grid = std::min<unsigned>(CeilDiv(n, kBlock), 65535u);
-  return DispatchDType(dt, [&]<typename T>() {
-    GeluGradKernel<T><<<grid, kBlock, 0, stream>>>(static_cast<T*>(d), static_cast<const T*>(pre), n);
-    return TF_CHECK_LAUNCH("GeluGradKernel");
   });
 }
 
@@ -231,7 +218,7 @@ std::string GemmName(const Gemm& g) {
   return "m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k);
 }
 
-// D = alpha op(A) op(B) + beta D with epilogue e through cuBLASLt: fp32 compute and scale type (no
+// D = alpha op(A) op(B) + beta C with epilogue e through cuBLASLt: fp32 compute and scale type (no
 // TF32), split-K partials reduced in fp32. Returns kNoLtAlgorithm when no algorithm fits.
 Status LtMatmul(CublasContext& ctx, const Gemm& g, const Epilogue& e, DType dt) {
   const cudaDataType_t type = CudaDataType(dt);
@@ -440,7 +427,7 @@ Status matmul_backward(CublasContext& ctx, void* dinp, void* dweight, void* dbia
       }
       if (!fused) {
         TF_RETURN_IF_ERROR(PlainGemm(ctx, g, dt));
-        TF_RETURN_IF_ERROR(LaunchGeluGrad(dinp, dgelu_pre, long(N) * C, dt, ctx.stream()));
+        TF_RETURN_IF_ERROR(gelu_backward(dinp, dgelu_pre, dinp, long(N) * C, dt, ctx.stream()));
       }
     }
   }

@@ -28,7 +28,8 @@ namespace tf::cuda {
 // GELU is fused: pre_gelu = inp @ weight^T + bias and out = gelu(pre_gelu) (cuBLASLt's GELU, see
 // matmul.cu for how it compares with math::gelu). REQUIRES: pre_gelu does not alias out.
 // With residual (N,OC) non-null: out = inp @ weight^T + bias + residual, the residual add folded
-// into the GEMM (cuBLASLt's C matrix with beta = 1; one rounding of the sum in bf16 instead of two).
+// into the GEMM (cuBLASLt's C matrix with beta = 1: one rounding of the sum in bf16 instead of two;
+// the classic fallback accumulates onto a copy of the residual and adds the bias after).
 // residual may equal out (in place); it cannot be combined with pre_gelu.
 Status matmul_forward(CublasContext& ctx, void* out, const void* inp, const void* weight, const void* bias, int N,
                       int C, int OC, DType dt, void* pre_gelu = nullptr, const void* residual = nullptr);

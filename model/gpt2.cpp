@@ -81,7 +81,7 @@ GPT2::GPT2(const GPT2Config& config, int max_batch, int max_seq)
 
 void GPT2::InitWeights(uint64_t seed) { InitGPT2Weights(config_, seed, params_.span()); }
 
-void InitGPT2Weights(const GPT2Config& config_, uint64_t seed, std::span<float> params) {
+void InitGPT2Weights(const GPT2Config& config_, uint64_t seed, std::span<float> params, bool parallel) {
   const ParameterLayout layout_(config_);
   Rng rng(seed);
   const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
@@ -97,7 +97,19 @@ void InitGPT2Weights(const GPT2Config& config_, uint64_t seed, std::span<float> 
       if (t.name.ends_with("c_proj.weight")) std *= residual_scale;
       int64_t n = t.numel;
       if (t.name == "transformer.wte.weight") n = int64_t{config_.vocab_size} * config_.n_embd;  // padded rows stay 0
-      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(rng.Normal() * std);
+      if (!parallel) {
+        for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(rng.Normal() * std);
+      } else {
+        constexpr int64_t kChunk = int64_t{1} << 20;
+        const int64_t chunks = (n + kChunk - 1) / kChunk;
+        const uint64_t tensor_seed = rng.NextU64();
+#pragma omp parallel for schedule(dynamic)
+        for (int64_t c = 0; c < chunks; ++c) {
+          Rng chunk_rng(tensor_seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(c + 1)));
+          const int64_t end = std::min(n, (c + 1) * kChunk);
+          for (int64_t i = c * kChunk; i < end; ++i) p[i] = static_cast<float>(chunk_rng.Normal() * std);
+        }
+      }
     }
     // Biases stay zero.
   }

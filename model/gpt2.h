@@ -19,7 +19,11 @@ namespace tf {
 
 // GPT-2 initialisation into a flat buffer laid out by ParameterLayout(config) (see InitWeights).
 // REQUIRES: params.size() == ParameterLayout(config).total().
-void InitGPT2Weights(const GPT2Config& config, uint64_t seed, std::span<float> params);
+// `parallel`: the same distributions, but each tensor's normals come in chunks of 2^20 from
+// independent streams (seeded by seed, tensor and chunk) filled on all OpenMP threads — other values
+// than the sequential stream (which training uses), for benchmarks of large models (GPT-2 1558M:
+// ~1.5e9 sequential normals take ~half a minute).
+void InitGPT2Weights(const GPT2Config& config, uint64_t seed, std::span<float> params, bool parallel = false);
 
 class GPT2 {
  public:

@@ -240,7 +240,11 @@ Status GPT2Cuda::Allocate() {
       table[runs.size() * sizeof(int64_t) + r] = runs[r].decay ? 1 : 0;
     }
     TF_RETURN_IF_ERROR(alloc(&ranges_, table.size()));
-    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(ranges_.data(), table.data(), table.size(), cudaMemcpyHostToDevice));
+    // On stream_ (non-blocking: a plain cudaMemcpy would not be ordered with it), then waited for
+    // while `table` is alive.
+    TF_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(ranges_.data(), table.data(), table.size(), cudaMemcpyHostToDevice, stream_));
+    TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   }
   if (allocated != m.buffers) {
     return Status::Internal("GPT2Cuda: allocated {} bytes but the plan says {}", allocated, m.buffers);
@@ -255,12 +259,18 @@ Status GPT2Cuda::LoadParams(std::span<const float> host) {
   const int64_t P = layout_.total();
   if (static_cast<int64_t>(host.size()) != P) return Status::Internal("LoadParams: {} floats for {}", host.size(), P);
   float* master = dtype_ == DType::kF32 ? params_.as<float>() : master_.as<float>();
-  TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(master, host.data(), P * 4, cudaMemcpyHostToDevice));
+  // Copies on stream_ (a plain cudaMemcpy runs on the legacy stream, which the non-blocking stream_
+  // is not ordered with; from pageable memory it may return before the data has landed), then
+  // waited for while the host buffers are alive.
+  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(master, host.data(), P * 4, cudaMemcpyHostToDevice, stream_));
   if (dtype_ == DType::kBF16) {
     std::vector<uint16_t> h(static_cast<size_t>(P));
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < P; ++i) h[static_cast<size_t>(i)] = ToBf16(host[static_cast<size_t>(i)]);
-    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(params_.data(), h.data(), P * 2, cudaMemcpyHostToDevice));
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(params_.data(), h.data(), P * 2, cudaMemcpyHostToDevice, stream_));
+    TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   }
+  TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return Status::OK();
 }
 
@@ -461,7 +471,9 @@ Status GPT2Cuda::RunBackward(int B, int T) {
     void* dfch = At(acts_, a.dfch);
     void* datty = At(acts_, a.datty);
     void* dqkv = At(acts_, a.dqkv);
-    // Recomputation re-runs the forward kernels on the same inputs: bit-identical activations.
+    // Recomputation re-runs the forward kernels on the same inputs: bit-identical activations (with
+    // gelu_fusion >= 1 the forward's GELU was cuBLASLt's, so the recomputed math::gelu may differ in
+    // the last bits).
     if (options_.recompute >= 1) {
       Mark("recompute");
       TF_RETURN_IF_ERROR(cuda::gelu_forward(fch_gelu, fch, NC * 4, dtype_, stream_));

@@ -51,8 +51,10 @@ struct GPT2CudaOptions {
   // GELU fused into the MLP's cuBLASLt GEMMs: 0 none (a separate kernel computes exactly math::gelu
   // and math::gelu_grad); 1 forward (GELU_AUX_BIAS epilogue: the fc GEMM writes the pre-activation
   // and its GELU); 2 forward and backward (also the DGELU epilogue: the fcproj dinp GEMM writes the
-  // gradient of the pre-activation). Fused, the GELU is cuBLASLt's own (kernels/matmul.cu). -1: 2 in
-  // bf16, 0 in fp32 (the fp32 mode checks the GPU against the CPU formulas).
+  // gradient of the pre-activation). Fused, the GELU is cuBLASLt's own (kernels/matmul.cu). -1: the
+  // default, 0 until GPU measurements show a fusion pays (llm.c keeps it off: its PR #338 found
+  // cuBLASLt's bf16 GELU epilogue slower than a separate kernel); fp32 always resolves to 0 (the
+  // fp32 mode checks the GPU against the CPU formulas).
   int gelu_fusion = -1;
   // The residual adds folded into the attention-projection and fcproj GEMMs (cuBLASLt's C matrix
   // with beta = 1) instead of separate accumulate kernels.
@@ -60,7 +62,7 @@ struct GPT2CudaOptions {
 
   // gelu_fusion with -1 resolved for `dtype`.
   int GeluFusion(cuda::DType dtype) const {
-    return gelu_fusion >= 0 ? gelu_fusion : (dtype == cuda::DType::kBF16 ? 2 : 0);
+    return gelu_fusion >= 0 ? gelu_fusion : 0;
   }
 };
 

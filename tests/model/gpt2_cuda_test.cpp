@@ -360,7 +360,9 @@ TEST(GPT2CudaPlan, ProfilerNamesEveryPieceOfAStep) {
                            "grad norm", "adamw", "zero grads"}) {
     EXPECT_EQ(count(once), 1) << once;
   }
-  EXPECT_EQ(count("gelu fwd"), 0);  // bf16 default: fused into the fc GEMM
+  const bool fused_gelu = GPT2CudaOptions{}.GeluFusion(cuda::DType::kBF16) >= 1;
+  EXPECT_EQ(count("gelu fwd"), fused_gelu ? 0 : c.n_layer);
+  EXPECT_EQ(count("gelu bwd"), GPT2CudaOptions{}.GeluFusion(cuda::DType::kBF16) >= 2 ? 0 : c.n_layer);
   EXPECT_EQ(count("residual add"), 0);
 }
 

@@ -3,6 +3,9 @@
 #include <cstring>
 
 #include <gtest/gtest.h>
+#include <omp.h>
+
+#include <vector>
 
 #include "model/gpt2.h"
 
@@ -22,15 +25,11 @@ Moments Measure(const float* p, int64_t n) {
   return {mean, std::sqrt(s2 / n - mean * mean)};
 }
 
-TEST(GPT2Init, DistributionsFollowGPT2) {
-  GPT2Config c{.n_layer = 4, .n_head = 4, .n_embd = 64, .vocab_size = 1000, .block_size = 128,
-               .padded_vocab_size = 1024};
-  auto m = GPT2::Create(c, 1, 8);
-  ASSERT_TRUE(m.ok());
-  (*m)->InitWeights(123);
-  const float* base = (*m)->params().data();
+// Checks every tensor of an initialised buffer against GPT-2's distributions.
+void ExpectGPT2Distributions(const GPT2Config& c, const float* base) {
   const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
-  for (const ParamTensor& t : (*m)->layout().tensors()) {
+  const ParameterLayout layout(c);
+  for (const ParamTensor& t : layout.tensors()) {
     const float* p = base + t.offset;
     int64_t n = t.numel;
     if (t.name == "transformer.wte.weight") {
@@ -52,6 +51,34 @@ TEST(GPT2Init, DistributionsFollowGPT2) {
       EXPECT_NEAR(mo.mean, 0.0, 4.0 * want / std::sqrt(double(n))) << t.name;
     }
   }
+}
+
+TEST(GPT2Init, DistributionsFollowGPT2) {
+  GPT2Config c{.n_layer = 4, .n_head = 4, .n_embd = 64, .vocab_size = 1000, .block_size = 128,
+               .padded_vocab_size = 1024};
+  auto m = GPT2::Create(c, 1, 8);
+  ASSERT_TRUE(m.ok());
+  (*m)->InitWeights(123);
+  ExpectGPT2Distributions(c, (*m)->params().data());
+}
+
+// The chunked parallel variant (benchmarks of large models): the same distributions, tensors larger
+// than one 2^20 chunk included, deterministic for a seed whatever the thread count, and not the
+// sequential stream's values.
+TEST(GPT2Init, ParallelVariantSameDistributionsDeterministic) {
+  GPT2Config c{.n_layer = 2, .n_head = 4, .n_embd = 256, .vocab_size = 5000, .block_size = 64,
+               .padded_vocab_size = 5120};  // wte: 1.28M elements, two chunks
+  const size_t P = static_cast<size_t>(ParameterLayout(c).total());
+  std::vector<float> a(P), b(P), seq(P);
+  InitGPT2Weights(c, 5, a, /*parallel=*/true);
+  ExpectGPT2Distributions(c, a.data());
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  InitGPT2Weights(c, 5, b, /*parallel=*/true);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), P * sizeof(float)), 0);
+  InitGPT2Weights(c, 5, seq);
+  EXPECT_NE(std::memcmp(a.data(), seq.data(), P * sizeof(float)), 0);
 }
 
 TEST(GPT2Init, DeterministicForASeed) {
