@@ -17,7 +17,7 @@ struct BenchOptions {
   std::string dtype = "bf16";  // CUDA storage type: "bf16" or "fp32"
   double peak_tflops = 0;      // CUDA: the device's peak for MFU (0 = H100/H200 dense: bf16 989, fp32 67)
   // CUDA model options (model/gpt2_cuda.h GPT2CudaOptions).
-  std::string attention = "flash";  // flash, flash_simt or gemm
+  std::string attention = "flash";  // flash, flash_simt, gemm or cudnn
   int recompute = 0;                // 0, 1 or 2
   int gelu_fusion = -1;             // -1 (auto), 0, 1 or 2
   bool fuse_residual = true;

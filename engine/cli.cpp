@@ -206,8 +206,8 @@ int RunCli(int argc, char** argv) {
   bench->add_option("--dtype", bopt.dtype, "CUDA storage type: bf16 or fp32")->capture_default_str();
   bench->add_option("--peak-tflops", bopt.peak_tflops, "CUDA peak for MFU (default H100/H200 dense: bf16 989, fp32 67)");
   bench->add_flag("--gemm-peak", bopt.gemm_peak, "Also measure the SGEMM ceiling (2048^3, the build's GEMM engine)");
-  bench->add_option("--attention", bopt.attention, "CUDA attention: flash, flash_simt or gemm")
-      ->check(CLI::IsMember({"flash", "flash_simt", "gemm"}))
+  bench->add_option("--attention", bopt.attention, "CUDA attention: flash, flash_simt, gemm or cudnn")
+      ->check(CLI::IsMember({"flash", "flash_simt", "gemm", "cudnn"}))
       ->capture_default_str();
   bench->add_option("--recompute", bopt.recompute, "CUDA activation recomputation: 0, 1 (GELU) or 2 (+LayerNorms)")
       ->check(CLI::Range(0, 2))

@@ -163,10 +163,10 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
     return Status::InvalidArgument("{}: training config key 'dtype' must be \"bf16\" or \"fp32\", got '{}'", source,
                                    c.dtype);
   }
-  if (c.attention != "flash" && c.attention != "flash_simt" && c.attention != "gemm") {
+  if (c.attention != "flash" && c.attention != "flash_simt" && c.attention != "gemm" && c.attention != "cudnn") {
     return Status::InvalidArgument(
-        "{}: training config key 'attention' must be \"flash\", \"flash_simt\" or \"gemm\", got '{}'", source,
-        c.attention);
+        "{}: training config key 'attention' must be \"flash\", \"flash_simt\", \"gemm\" or \"cudnn\", got '{}'",
+        source, c.attention);
   }
   if (c.recompute > 2) {
     return Status::InvalidArgument("{}: training config key 'recompute' must be 0, 1 or 2, got {}", source,

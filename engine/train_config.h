@@ -57,7 +57,8 @@ struct TrainConfig {
   std::string device = "auto";
   std::string dtype = "bf16";
   // CUDA backend model options (model/gpt2_cuda.h, docs/cuda.md): attention "flash" (fused kernels
-  // of our own), "flash_simt" (their SIMT path) or "gemm" (cuBLAS, stores the T x T probabilities);
+  // of our own), "flash_simt" (their SIMT path), "gemm" (cuBLAS, stores the T x T probabilities) or
+  // "cudnn" (cuDNN's fused attention, bf16, libcudnn.so.9 loaded at run time);
   // activation recomputation 0 (store all), 1 (GELU) or 2 (GELU and LayerNorms; the least memory).
   std::string attention = "flash";
   int recompute = 0;

@@ -38,10 +38,11 @@ float FromBf16(uint16_t h) {
 
 StatusOr<GPT2CudaOptions::Attention> ParseAttention(const std::string& name) {
   using A = GPT2CudaOptions::Attention;
-  for (A a : {A::kFlash, A::kFlashSimt, A::kGemm}) {
+  for (A a : {A::kFlash, A::kFlashSimt, A::kGemm, A::kCudnn}) {
     if (name == AttentionName(a)) return a;
   }
-  return Status::InvalidArgument("attention must be \"flash\", \"flash_simt\" or \"gemm\", got '{}'", name);
+  return Status::InvalidArgument("attention must be \"flash\", \"flash_simt\", \"gemm\" or \"cudnn\", got '{}'",
+                                 name);
 }
 
 const char* AttentionName(GPT2CudaOptions::Attention attention) {
@@ -49,6 +50,7 @@ const char* AttentionName(GPT2CudaOptions::Attention attention) {
     case GPT2CudaOptions::Attention::kFlash: return "flash";
     case GPT2CudaOptions::Attention::kFlashSimt: return "flash_simt";
     case GPT2CudaOptions::Attention::kGemm: return "gemm";
+    case GPT2CudaOptions::Attention::kCudnn: return "cudnn";
   }
   return "?";
 }
@@ -62,6 +64,7 @@ GPT2Cuda::GPT2Cuda(const GPT2Config& config, int max_batch, int max_seq, cuda::D
       options_(options) {}
 
 GPT2Cuda::~GPT2Cuda() {
+  cudnn_.reset();  // before the streams it was last given
   blas_.reset();
   if (backward_done_ != nullptr) cudaEventDestroy(backward_done_);
   for (cudaStream_t s : {stream_, comm_stream_, copy_stream_}) {
@@ -69,7 +72,8 @@ GPT2Cuda::~GPT2Cuda() {
   }
 }
 
-Status GPT2Cuda::ValidateOptions(const GPT2Config& config, int max_batch, int max_seq, const Options& options) {
+Status GPT2Cuda::ValidateOptions(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype,
+                                 const Options& options) {
   TF_RETURN_IF_ERROR(ValidateConfig(config));
   if (max_batch <= 0 || max_seq <= 0 || max_seq > config.block_size) {
     return Status::InvalidArgument("batch {} / sequence {} invalid for block_size {}", max_batch, max_seq,
@@ -81,6 +85,16 @@ Status GPT2Cuda::ValidateOptions(const GPT2Config& config, int max_batch, int ma
   if (options.gelu_fusion < -1 || options.gelu_fusion > 2) {
     return Status::InvalidArgument("gelu_fusion must be -1 (auto), 0, 1 or 2, got {}", options.gelu_fusion);
   }
+  if (options.attention == Options::Attention::kCudnn) {
+    if (dtype != cuda::DType::kBF16) {
+      return Status::InvalidArgument("cuDNN attention runs in bf16 only (use dtype bf16, or attention \"flash\")");
+    }
+    if (config.head_size() % 8 != 0 || config.head_size() > 128) {
+      return Status::InvalidArgument("cuDNN attention needs a head size that is a multiple of 8 and at most 128, "
+                                     "this model has {}",
+                                     config.head_size());
+    }
+  }
   if (options.attention != Options::Attention::kGemm && config.head_size() > 128) {
     return Status::InvalidArgument("flash attention supports head sizes up to 128, this model has {} "
                                    "(use the GEMM attention)",
@@ -90,7 +104,7 @@ Status GPT2Cuda::ValidateOptions(const GPT2Config& config, int max_batch, int ma
 }
 
 GPT2Cuda::Plan GPT2Cuda::MakePlan(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype,
-                                  const Options& options, size_t encoder_scratch) {
+                                  const Options& options, size_t encoder_scratch, size_t attention_scratch) {
   const ParameterLayout layout(config);
   const int64_t P = layout.total();
   const int64_t L = config.n_layer, C = config.n_embd, NH = config.n_head, Vp = config.padded_vocab_size;
@@ -140,7 +154,7 @@ GPT2Cuda::Plan GPT2Cuda::MakePlan(const GPT2Config& config, int max_batch, int m
 
   // One scratch area, sized for the largest user (each kernel uses it only during its call).
   const int b = static_cast<int>(B), t = static_cast<int>(T), c = static_cast<int>(C), nh = static_cast<int>(NH);
-  size_t need = encoder_scratch;
+  size_t need = std::max(encoder_scratch, attention_scratch);
   need = std::max(need, cuda::layernorm_backward_scratch_bytes(static_cast<int>(N), c));
   need = std::max(need, flash ? cuda::flash_attention_backward_scratch_bytes(b, t, nh)
                               : cuda::attention_scratch_bytes(b, t, c, nh, dtype));
@@ -165,9 +179,17 @@ GPT2Cuda::Plan GPT2Cuda::MakePlan(const GPT2Config& config, int max_batch, int m
   return p;
 }
 
+size_t GPT2Cuda::EstimateCudnnWorkspace(const GPT2Config& config, int max_batch, int max_seq) {
+  // The deterministic backward's dS tiles (B, NH, ceil(T/64)^2 tiles of 64x64 bf16) plus its fp32 row
+  // sums D, with 1 MiB of slack (kernels/cudnn_attention.h).
+  const size_t bnh = static_cast<size_t>(max_batch) * static_cast<size_t>(config.n_head);
+  const size_t tiles = (static_cast<size_t>(max_seq) + 63) / 64;
+  return bnh * tiles * tiles * 64 * 64 * 2 + bnh * static_cast<size_t>(max_seq) * 4 + (size_t{1} << 20);
+}
+
 StatusOr<GPT2CudaMemory> GPT2Cuda::EstimateMemory(const GPT2Config& config, int max_batch, int max_seq,
                                                   cuda::DType dtype, const Options& options) {
-  TF_RETURN_IF_ERROR(ValidateOptions(config, max_batch, max_seq, options));
+  TF_RETURN_IF_ERROR(ValidateOptions(config, max_batch, max_seq, dtype, options));
   const size_t n = static_cast<size_t>(max_batch) * static_cast<size_t>(max_seq);
   // Without a device cub's sort cannot be asked for its temporary storage: bound it by the three
   // int32 arrays, cub's two alternate key/value buffers and 8 MiB of histograms (a few KiB in practice).
@@ -175,7 +197,20 @@ StatusOr<GPT2CudaMemory> GPT2Cuda::EstimateMemory(const GPT2Config& config, int 
   if (cuda::DeviceCount() > 0) {
     TF_ASSIGN_OR_RETURN(encoder, cuda::encoder_backward_scratch_bytes(max_batch, max_seq));
   }
-  return MakePlan(config, max_batch, max_seq, dtype, options, encoder).memory;
+  size_t attention = 0;
+  if (options.attention == Options::Attention::kCudnn) {
+    attention = EstimateCudnnWorkspace(config, max_batch, max_seq);
+    // With a device and cuDNN, ask cuDNN itself (as Create() will).
+    if (cuda::DeviceCount() > 0) {
+      if (auto cudnn = cuda::CudnnAttention::Create(); cudnn.ok()) {
+        using Dir = cuda::CudnnAttention::Direction;
+        auto fwd = (*cudnn)->WorkspaceBytes(Dir::kForward, max_batch, max_seq, config.n_embd, config.n_head);
+        auto bwd = (*cudnn)->WorkspaceBytes(Dir::kBackward, max_batch, max_seq, config.n_embd, config.n_head);
+        if (fwd.ok() && bwd.ok()) attention = std::max(*fwd, *bwd);
+      }
+    }
+  }
+  return MakePlan(config, max_batch, max_seq, dtype, options, encoder, attention).memory;
 }
 
 StatusOr<std::unique_ptr<GPT2Cuda>> GPT2Cuda::Create(const GPT2Config& config, int max_batch, int max_seq,
@@ -185,7 +220,7 @@ StatusOr<std::unique_ptr<GPT2Cuda>> GPT2Cuda::Create(const GPT2Config& config, i
 
 StatusOr<std::unique_ptr<GPT2Cuda>> GPT2Cuda::Create(const GPT2Config& config, int max_batch, int max_seq,
                                                      cuda::DType dtype, const Options& options, int device) {
-  TF_RETURN_IF_ERROR(ValidateOptions(config, max_batch, max_seq, options));
+  TF_RETURN_IF_ERROR(ValidateOptions(config, max_batch, max_seq, dtype, options));
   if (device < 0 || cuda::DeviceCount() <= device) {
     return Status::InvalidArgument("CUDA device {} requested but {} visible", device, cuda::DeviceCount());
   }
@@ -201,13 +236,27 @@ StatusOr<std::unique_ptr<GPT2Cuda>> GPT2Cuda::Create(const GPT2Config& config, i
   TF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m->backward_done_, cudaEventDisableTiming));
   TF_ASSIGN_OR_RETURN(cuda::CublasContext ctx, cuda::CublasContext::Create(m->stream_));
   m->blas_ = std::make_unique<cuda::CublasContext>(std::move(ctx));
+  if (options.attention == Options::Attention::kCudnn) {
+    auto cudnn = cuda::CudnnAttention::Create();
+    if (!cudnn.ok()) return cudnn.status().WithContext("attention \"cudnn\"");
+    m->cudnn_ = std::move(cudnn).value();
+  }
   TF_RETURN_IF_ERROR(m->Allocate());
   return m;
 }
 
 Status GPT2Cuda::Allocate() {
   TF_ASSIGN_OR_RETURN(const size_t encoder, cuda::encoder_backward_scratch_bytes(max_batch_, max_seq_));
-  plan_ = MakePlan(config_, max_batch_, max_seq_, dtype_, options_, encoder);
+  size_t attention = 0;
+  if (cudnn_) {
+    // Builds (and caches) cuDNN's plans for the planned shape; smaller batches build theirs on first use.
+    using Dir = cuda::CudnnAttention::Direction;
+    const int C = config_.n_embd, NH = config_.n_head;
+    TF_ASSIGN_OR_RETURN(const size_t fwd, cudnn_->WorkspaceBytes(Dir::kForward, max_batch_, max_seq_, C, NH));
+    TF_ASSIGN_OR_RETURN(const size_t bwd, cudnn_->WorkspaceBytes(Dir::kBackward, max_batch_, max_seq_, C, NH));
+    attention = std::max(fwd, bwd);
+  }
+  plan_ = MakePlan(config_, max_batch_, max_seq_, dtype_, options_, encoder, attention);
   const GPT2CudaMemory& m = plan_.memory;
   const int64_t P = layout_.total();
   const int64_t N = int64_t{max_batch_} * max_seq_;
@@ -315,6 +364,9 @@ Status GPT2Cuda::AttentionForward(int l, int B, int T) {
     return cuda::attention_forward(*blas_, atty, att, qkv, B, T, C, NH, dtype_, scratch_.data());
   }
   float* lse = stats_.as<float>() + plan_.s.lse + int64_t{l} * B * NH * T;
+  if (cudnn_) {
+    return cudnn_->Forward(atty, lse, qkv, B, T, C, NH, dtype_, scratch_.data(), plan_.scratch_bytes, stream_);
+  }
   const cuda::FlashImpl impl =
       options_.attention == Options::Attention::kFlashSimt ? cuda::FlashImpl::kSimt : cuda::FlashImpl::kAuto;
   return cuda::flash_attention_forward(atty, lse, qkv, B, T, C, NH, dtype_, stream_, impl);
@@ -332,6 +384,10 @@ Status GPT2Cuda::AttentionBackward(int l, int B, int T) {
     return cuda::attention_backward(*blas_, dqkv, datty, qkv, att, B, T, C, NH, dtype_, scratch_.data());
   }
   const float* lse = stats_.as<float>() + plan_.s.lse + int64_t{l} * B * NH * T;
+  if (cudnn_) {
+    return cudnn_->Backward(dqkv, datty, qkv, atty, lse, B, T, C, NH, dtype_, scratch_.data(), plan_.scratch_bytes,
+                            stream_);
+  }
   const cuda::FlashImpl impl =
       options_.attention == Options::Attention::kFlashSimt ? cuda::FlashImpl::kSimt : cuda::FlashImpl::kAuto;
   return cuda::flash_attention_backward(dqkv, datty, qkv, atty, lse, B, T, C, NH, dtype_, scratch_.data(),

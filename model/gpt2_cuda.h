@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels/cublas_handle.h"
+#include "kernels/cudnn_attention.h"
 #include "kernels/cuda_profiler.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/optimizer.h"
@@ -44,6 +45,8 @@ struct GPT2CudaOptions {
     kFlash,      // kernels/flash_attention.h: tensor cores for bf16 with head size 64/128, else SIMT
     kFlashSimt,  // the flash kernels' SIMT implementation only (reference / fallback)
     kGemm,       // kernels/attention.h: cuBLAS GEMMs, (L,B,NH,T,T) probabilities stored
+    kCudnn,      // kernels/cudnn_attention.h: cuDNN's fused flash attention (bf16 only; needs
+                 // libcudnn.so.9 >= 9.10.2 at run time); stores the same lse as kFlash
   };
   Attention attention = Attention::kFlash;
   // 0: store every activation; 1: recompute GELU(fch) in backward; 2: also ln1 and ln2.
@@ -190,10 +193,14 @@ class GPT2Cuda {
     size_t scratch_bytes;
     GPT2CudaMemory memory;
   };
-  // Plans every buffer; encoder_scratch: bytes of the embedding backward's scratch.
+  // Plans every buffer; encoder_scratch: bytes of the embedding backward's scratch; attention_scratch:
+  // cuDNN attention's workspace (0 for the other implementations).
   static Plan MakePlan(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype, const Options& options,
-                       size_t encoder_scratch);
-  static Status ValidateOptions(const GPT2Config& config, int max_batch, int max_seq, const Options& options);
+                       size_t encoder_scratch, size_t attention_scratch);
+  static Status ValidateOptions(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype,
+                                const Options& options);
+  // cuDNN attention's workspace for a plan without a device (an upper estimate; Create() asks cuDNN).
+  static size_t EstimateCudnnWorkspace(const GPT2Config& config, int max_batch, int max_seq);
 
   GPT2Cuda(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype, const Options& options);
   Status Allocate();
@@ -227,6 +234,7 @@ class GPT2Cuda {
   }
   cudaEvent_t backward_done_ = nullptr;
   std::unique_ptr<cuda::CublasContext> blas_;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;  // with Attention::kCudnn
   GPT2CudaMemory memory_;
 
   // State: params/grads in dtype_, master/m/v in fp32 (master aliases params in fp32 mode).

@@ -8,7 +8,7 @@
 #   2. the CUDA kernel benchmarks (every bench/*_cuda_bench.cpp: GB/s, TFLOP/s against peaks),
 #   3. an end-to-end `trainflow bench` of GPT-2 124M at B=16, T=1024 on the GPU (tokens/s, MFU):
 #      bf16 with the defaults (and a per-piece GPU time profile), bf16 with each epilogue fusion
-#      switched, fp32,
+#      switched, bf16 with cuDNN's fused attention, fp32,
 #   4. `trainflow train --device cuda` on the default corpus, without and with int8 gradient
 #      compression (the device reducer with the CUDA codecs and NCCL at world size 1),
 #   5. GPT-2 1558M at T=1024, B=24 with recompute 2: does it fit, and the device memory in use,
@@ -52,11 +52,13 @@ libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF; exit}')
 [[ -z "$libcuda" ]] && libcuda=$(ls /usr/local/nvidia/lib64/libcuda.so.1 /usr/lib/x86_64-linux-gnu/libcuda.so.1 2>/dev/null | head -1)
 [[ -n "$libcuda" ]] && CUDA_LIBS="$CUDA_LIBS:$(dirname "$libcuda")"
 # NCCL and cuDNN: where PyTorch's wheels put them (nvidia-nccl-cu13, nvidia-cudnn-cu13) when the
-# system has none; both are dlopen()ed by trainflow, so only the search path matters.
+# system has none; both are dlopen()ed by trainflow, so only the search path matters (after the
+# toolkit's lib64, so the toolkit's cuBLAS wins). cuDNN's fused attention compiles its kernels with
+# NVRTC at run time (nvidia-cuda-nvrtc).
 PY_NVIDIA_LIBS=$(python3 - 2>/dev/null <<'PY'
 import importlib, os
 dirs = []
-for name in ("nvidia.nccl", "nvidia.cudnn"):
+for name in ("nvidia.nccl", "nvidia.cudnn", "nvidia.cuda_nvrtc", "nvidia.cu13"):
     try:
         m = importlib.import_module(name)
         for p in getattr(m, "__path__", []):
@@ -100,9 +102,11 @@ else
 fi
 
 echo; echo "== 1. CUDA kernel tests"
-timeout "$(bounded 200 150)" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run all_cuda_tests" 2>&1 \
-  | tee "$OUTDIR/cuda_tests.txt" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" | head -40
-tests_rc=${PIPESTATUS[0]}
+# (Output to a file first: a `| head` in the pipeline would kill the tests with SIGPIPE.)
+timeout "$(bounded 200 150)" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run all_cuda_tests" \
+  >"$OUTDIR/cuda_tests.txt" 2>&1
+tests_rc=$?
+grep -E "^\[  (FAILED|PASSED) |Failure|error" "$OUTDIR/cuda_tests.txt" | head -40
 passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
 failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
 skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
@@ -145,7 +149,8 @@ for bench in "$B"/bin/*_cuda_bench; do
   t=$(bounded 75 150)  # keeps 150 s for the end-to-end benches and the training runs
   if ((t < 10)); then SUMMARY+=("$name: skipped (time budget)"); continue; fi
   timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run $name --benchmark_min_time=0.1" \
-    2>&1 | tee "$OUTDIR/$name.txt" | grep -E "^BM_|ceiling|peak" | head -60
+    >"$OUTDIR/$name.txt" 2>&1
+  grep -E "^BM_|ceiling|peak" "$OUTDIR/$name.txt" | head -60
   SUMMARY+=("$name: $(grep -c '^BM_' "$OUTDIR/$name.txt") benchmarks (full table in $name.txt)")
 done
 # Flash attention vs the GEMM baseline at GPT-2 124M training shapes (bf16), for the summary.
@@ -167,6 +172,7 @@ bench_e2e() {  # label, seconds to keep for later steps, then trainflow bench ar
     --device cuda $*" 2>&1 | tee -a "$OUTDIR/e2e.txt" | grep BENCH_RESULT)
   SUMMARY+=("$label: ${line:-failed (see e2e.txt)}")
 }
+: >"$OUTDIR/e2e.txt"
 if run trainflow bench --help 2>/dev/null | grep -q -- "--gelu-fusion"; then
   E2E="--model configs/model/gpt2-124m.json --batch-size 16 --seq-len 1024 --steps 20 --warmup 5"
   bench_e2e "GPT-2 124M B=16 T=1024 bf16" 110 --dtype bf16 --profile-steps 3 $E2E  # keeps 110 s for training, 1558M
@@ -175,6 +181,11 @@ if run trainflow bench --help 2>/dev/null | grep -q -- "--gelu-fusion"; then
   bench_e2e "GPT-2 124M B=16 T=1024 bf16 gelu fusion 1" 110 --dtype bf16 --gelu-fusion 1 $E2E
   bench_e2e "GPT-2 124M B=16 T=1024 bf16 gelu fusion 2" 110 --dtype bf16 --gelu-fusion 2 $E2E
   bench_e2e "GPT-2 124M B=16 T=1024 bf16 residual unfused" 110 --dtype bf16 --no-fuse-residual $E2E
+  n0=$(wc -l <"$OUTDIR/e2e.txt")
+  bench_e2e "GPT-2 124M B=16 T=1024 bf16 cuDNN attention" 110 --dtype bf16 --attention cudnn --profile-steps 1 $E2E
+  # Attention's GPU time per step with cuDNN (this run's PROFILE lines only).
+  while read -r line; do SUMMARY+=("  cuDNN $line"); done < <(tail -n +$((n0 + 1)) "$OUTDIR/e2e.txt" \
+    | grep -E '^PROFILE attention')
   bench_e2e "GPT-2 124M B=16 T=1024 fp32" 110 --dtype fp32 $E2E
 else
   SUMMARY+=("end-to-end: this build's trainflow bench has no --gelu-fusion option (old bundle?)")

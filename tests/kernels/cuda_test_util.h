@@ -117,4 +117,40 @@ inline void ExpectClose(const std::vector<float>& got, const std::vector<float>&
 
 inline double Tolerance(cuda::DType dt) { return dt == cuda::DType::kF32 ? 1e-5 : 1e-2; }
 
+// log sum_{s<=t} exp(q_t . k_s / sqrt(hs)), (B,NH,T), in float64.
+inline std::vector<float> ReferenceLse(const std::vector<float>& qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  std::vector<float> lse(size_t(B) * NH * T);
+  std::vector<double> s(static_cast<size_t>(T));
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int t = 0; t < T; ++t) {
+        const float* q = qkv.data() + (size_t(b) * T + t) * 3 * C + size_t(h) * hs;
+        double mx = -INFINITY;
+        for (int u = 0; u <= t; ++u) {
+          const float* k = qkv.data() + (size_t(b) * T + u) * 3 * C + C + size_t(h) * hs;
+          double dot = 0;
+          for (int d = 0; d < hs; ++d) dot += double(q[d]) * k[d];
+          s[size_t(u)] = dot * scale;
+          mx = std::max(mx, s[size_t(u)]);
+        }
+        double sum = 0;
+        for (int u = 0; u <= t; ++u) sum += std::exp(s[size_t(u)] - mx);
+        lse[(size_t(b) * NH + h) * T + t] = static_cast<float>(mx + std::log(sum));
+      }
+    }
+  }
+  return lse;
+}
+
+// An attention test shape: batch, sequence, channels, heads (head size C / NH).
+struct AttentionShape {
+  int B, T, C, NH;
+};
+inline std::string Name(const AttentionShape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
+         " NH=" + std::to_string(s.NH) + " hs=" + std::to_string(s.C / s.NH);
+}
+
 }  // namespace tf::test

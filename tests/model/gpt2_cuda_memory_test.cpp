@@ -103,6 +103,19 @@ TEST(GPT2CudaMemory, RejectsBadOptions) {
   EXPECT_FALSE(GPT2Cuda::EstimateMemory(c, 16, 1024, DType::kBF16, GPT2CudaOptions{.recompute = 3}).ok());
   EXPECT_FALSE(GPT2Cuda::EstimateMemory(c, 16, 1024, DType::kBF16, GPT2CudaOptions{.gelu_fusion = 3}).ok());
   EXPECT_FALSE(GPT2Cuda::EstimateMemory(c, 16, 1024, DType::kBF16, GPT2CudaOptions{.gelu_fusion = -2}).ok());
+  // cuDNN attention: bf16 only; the same activations as flash (lse, no probabilities) plus its
+  // workspace (the deterministic backward's dS tiles: 16*12*16^2*64^2*2 bytes = 403 MB here).
+  EXPECT_FALSE(
+      GPT2Cuda::EstimateMemory(c, 16, 1024, DType::kF32, GPT2CudaOptions{.attention = Attention::kCudnn}).ok());
+  auto cudnn = GPT2Cuda::EstimateMemory(c, 16, 1024, DType::kBF16, GPT2CudaOptions{.attention = Attention::kCudnn});
+  ASSERT_TRUE(cudnn.ok()) << cudnn.status().ToString();
+  auto flash = GPT2Cuda::EstimateMemory(c, 16, 1024, DType::kBF16, GPT2CudaOptions{});
+  ASSERT_TRUE(flash.ok());
+  EXPECT_EQ(cudnn->activations, flash->activations);
+  EXPECT_EQ(cudnn->stats, flash->stats);
+  if (cuda::DeviceCount() == 0) {
+    EXPECT_GE(cudnn->scratch, size_t{16} * 12 * 16 * 16 * 64 * 64 * 2);
+  }
   EXPECT_FALSE(GPT2Cuda::EstimateMemory(c, 16, 2048, DType::kBF16, GPT2CudaOptions{}).ok());  // > block_size
   GPT2Config wide = c;
   wide.n_head = 3;  // head size 256: flash cannot, GEMM attention can

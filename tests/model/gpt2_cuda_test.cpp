@@ -366,6 +366,23 @@ TEST(GPT2CudaPlan, ProfilerNamesEveryPieceOfAStep) {
   EXPECT_EQ(count("residual add"), 0);
 }
 
+// cuDNN's fused attention in the model (bf16): one step against the CPU, and the plan against the
+// allocation. Skipped where libcudnn.so.9 cannot be loaded.
+TEST(GPT2CudaCudnn, StepMatchesCpuAndPlanMatchesAllocation) {
+  TF_SKIP_WITHOUT_GPU();
+  if (Status s = cuda::CudnnLibraryStatus(); !s.ok()) GTEST_SKIP() << "cuDNN cannot be loaded: " << s.ToString();
+  const GPT2CudaOptions o{.attention = Attention::kCudnn};
+  CheckStepAgainstCpu(Hs64Config(), 3, 37, cuda::DType::kBF16, o);
+  auto est = GPT2Cuda::EstimateMemory(Hs64Config(), 3, 37, cuda::DType::kBF16, o);
+  ASSERT_TRUE(est.ok()) << est.status().ToString();
+  auto gpu = GPT2Cuda::Create(Hs64Config(), 3, 37, cuda::DType::kBF16, o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  EXPECT_EQ(est->buffers, (*gpu)->device_bytes());
+  // fp32 is refused with a message naming the fix.
+  auto fp32 = GPT2Cuda::Create(Hs64Config(), 3, 37, cuda::DType::kF32, o);
+  EXPECT_EQ(fp32.status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(GPT2CudaPlan, FlashRejectsHeadSizeAbove128) {
   TF_SKIP_WITHOUT_GPU();
   const GPT2Config c{.n_layer = 1, .n_head = 1, .n_embd = 256, .vocab_size = 97, .block_size = 16,
