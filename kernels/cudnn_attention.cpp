@@ -97,6 +97,11 @@ std::string CudnnAttention::Describe() const { return "cuDNN unavailable (no hea
 Status CudnnAttention::CheckGraphOnHost(Direction, int, int, int, int, CudnnAttentionOptions, int64_t) {
   return NoHeaders();
 }
+StatusOr<CudnnAttention::DescribedDevicePlan> CudnnAttention::PlanOnDescribedDevice(Direction, int, int, int, int,
+                                                                                     const std::string&,
+                                                                                     CudnnAttentionOptions) {
+  return NoHeaders();
+}
 StatusOr<CudnnAttention::Plan*> CudnnAttention::GetPlan(Direction, int, int, int, int) { return NoHeaders(); }
 #else
 
@@ -387,7 +392,8 @@ class GraphBuilder {
     Desc graph(&api_, g);
     // CUDNN_ATTR_OPERATIONGRAPH_HANDLE (800), deprecated in the 9.19 headers, required before.
     const auto kHandleAttr = static_cast<cudnnBackendAttributeName_t>(800);
-    Set(g, "operation graph", "HANDLE", kHandleAttr, CUDNN_TYPE_HANDLE, 1, &handle);
+    // (No handle: a graph planned for a described device, PlanOnDescribedDevice.)
+    if (handle != nullptr) Set(g, "operation graph", "HANDLE", kHandleAttr, CUDNN_TYPE_HANDLE, 1, &handle);
     Set(g, "operation graph", "OPS", CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
         static_cast<int64_t>(op_ptrs_.size()), op_ptrs_.data());
     Finalize(g, "operation graph");
@@ -609,6 +615,49 @@ void BuildGraph(const GraphSpec& s, GraphBuilder& g) {
 
 size_t RoundUp256(size_t n) { return (n + 255) / 256 * 256; }
 
+// The engine configurations heuristics `mode` offers for a finalized operation graph (at most 64, in
+// the heuristics' order), for the described device `devprop` when non-null (else the graph's
+// handle's device). `heur` keeps the heuristics descriptor alive with its results.
+struct EngineConfigs {
+  Desc heur;
+  std::vector<Desc> cfgs;
+  std::vector<cudnnBackendDescriptor_t> ptrs;
+};
+StatusOr<EngineConfigs> GetEngineConfigs(const Cudnn& api, cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mode,
+                                         cudnnBackendDescriptor_t devprop, const char* mode_name) {
+  EngineConfigs r;
+  cudnnBackendDescriptor_t h = nullptr;
+  cudnnStatus_t st = api.CreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &h);
+  if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api, st, "creating the heuristics descriptor");
+  r.heur = Desc(&api, h);
+  st = api.SetAttribute(h, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
+  if (st == CUDNN_STATUS_SUCCESS) st = api.SetAttribute(h, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  if (st == CUDNN_STATUS_SUCCESS && devprop != nullptr) {
+    st = api.SetAttribute(h, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
+  }
+  if (st == CUDNN_STATUS_SUCCESS) st = api.Finalize(h);
+  int64_t count = 0;
+  if (st == CUDNN_STATUS_SUCCESS) {
+    st = api.GetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
+  }
+  if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api, st, mode_name);
+  count = std::min<int64_t>(count, 64);
+  for (int64_t i = 0; i < count; ++i) {
+    cudnnBackendDescriptor_t c = nullptr;
+    st = api.CreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &c);
+    if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api, st, "creating engine configs");
+    r.cfgs.emplace_back(&api, c);
+    r.ptrs.push_back(c);
+  }
+  int64_t got = 0;
+  if (count > 0) {
+    st = api.GetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, r.ptrs.data());
+    if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api, st, std::string(mode_name) + " results");
+  }
+  r.ptrs.resize(static_cast<size_t>(std::min(got, count)));  // only the configs actually returned
+  return r;
+}
+
 Status ValidateShape(int B, int T, int C, int NH, DType dt) {
   if (dt != DType::kBF16) {
     return Status::InvalidArgument("cuDNN attention supports bf16 storage only (got {}); fp32 runs our own kernels",
@@ -708,6 +757,51 @@ Status CudnnAttention::CheckGraphOnHost(Direction dir, int B, int T, int C, int 
   return g.status();
 }
 
+StatusOr<CudnnAttention::DescribedDevicePlan> CudnnAttention::PlanOnDescribedDevice(
+    Direction dir, int B, int T, int C, int NH, const std::string& device_json, CudnnAttentionOptions options) {
+  const Cudnn& api = LoadCudnn();
+  if (!api.ok()) return Status::NotFound("{}", api.error);
+  TF_RETURN_IF_ERROR(ValidateShape(B, T, C, NH, DType::kBF16));
+  const bool backward = dir == Direction::kBackward;
+  const std::string what = fmt::format("cuDNN attention {} B={} T={} C={} NH={} on a described device",
+                                       backward ? "backward" : "forward", B, T, C, NH);
+  cudnnBackendDescriptor_t d = nullptr;
+  cudnnStatus_t st = api.CreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &d);
+  if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api, st, "creating a device description").WithContext(what);
+  Desc device(&api, d);
+  st = api.SetAttribute(d, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                        static_cast<int64_t>(device_json.size()), device_json.data());
+  if (st == CUDNN_STATUS_SUCCESS) st = api.Finalize(d);
+  if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api, st, "the device description").WithContext(what);
+
+  const GraphSpec spec = MakeSpec(backward, B, T, C, NH, options.deterministic, api.version);
+  GraphBuilder g(api);
+  BuildGraph(spec, g);
+  Desc graph = g.OperationGraph(nullptr);
+  if (!g.status().ok()) return g.status().WithContext(what);
+
+  auto configs = GetEngineConfigs(api, graph.get(), CUDNN_HEUR_MODE_A, d, "heuristics A");
+  if (!configs.ok()) return configs.status().WithContext(what);
+  const std::vector<cudnnBackendDescriptor_t>& cfg_ptrs = configs->ptrs;
+  DescribedDevicePlan r;
+  r.engine_configs = static_cast<int>(cfg_ptrs.size());
+  if (r.engine_configs == 0) return r;
+  int64_t n = 0;
+  api.GetAttribute(cfg_ptrs[0], CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &r.config_workspace);
+  cudnnBackendDescriptor_t p = nullptr;
+  st = api.CreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p);
+  if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api, st, "creating an execution plan").WithContext(what);
+  Desc exec_plan(&api, p);
+  st = api.SetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &d);
+  if (st == CUDNN_STATUS_SUCCESS) {
+    st = api.SetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg_ptrs[0]);
+  }
+  if (st == CUDNN_STATUS_SUCCESS) st = api.Finalize(p);
+  r.compiled = st == CUDNN_STATUS_SUCCESS || st == CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER;
+  r.plan_status = st == CUDNN_STATUS_SUCCESS ? "finalized" : CudnnError(api, st, "execution plan").message();
+  return r;
+}
+
 StatusOr<CudnnAttention::Plan*> CudnnAttention::GetPlan(Direction dir, int B, int T, int C, int NH) {
   int device = -1;
   TF_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
@@ -739,43 +833,13 @@ StatusOr<CudnnAttention::Plan*> CudnnAttention::GetPlan(Direction dir, int B, in
   bool found = false;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics A" : "heuristics FALLBACK";
-    cudnnBackendDescriptor_t h = nullptr;
-    cudnnStatus_t st = api.CreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &h);
-    if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api, st, "creating the heuristics descriptor").WithContext(what);
-    Desc heur(&api, h);
-    cudnnBackendDescriptor_t graph_ptr = graph.get();
-    st = api.SetAttribute(h, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph_ptr);
-    if (st == CUDNN_STATUS_SUCCESS) {
-      st = api.SetAttribute(h, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    }
-    if (st == CUDNN_STATUS_SUCCESS) st = api.Finalize(h);
-    int64_t count = 0;
-    if (st == CUDNN_STATUS_SUCCESS) {
-      st = api.GetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
-    }
-    if (st != CUDNN_STATUS_SUCCESS) {
-      notes.push_back(CudnnError(api, st, mode_name).message());
+    auto configs = GetEngineConfigs(api, graph.get(), mode, nullptr, mode_name);
+    if (!configs.ok()) {
+      notes.push_back(configs.status().message());
       continue;
     }
-    count = std::min<int64_t>(count, 64);
-    std::vector<Desc> cfgs;
-    std::vector<cudnnBackendDescriptor_t> cfg_ptrs;
-    for (int64_t i = 0; i < count; ++i) {
-      cudnnBackendDescriptor_t c = nullptr;
-      st = api.CreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &c);
-      if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api, st, "creating engine configs").WithContext(what);
-      cfgs.emplace_back(&api, c);
-      cfg_ptrs.push_back(c);
-    }
-    int64_t got = 0;
-    if (count > 0) {
-      st = api.GetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
-                            cfg_ptrs.data());
-      if (st != CUDNN_STATUS_SUCCESS) {
-        notes.push_back(CudnnError(api, st, std::string(mode_name) + " results").message());
-        continue;
-      }
-    }
+    const std::vector<cudnnBackendDescriptor_t>& cfg_ptrs = configs->ptrs;
+    const int64_t got = static_cast<int64_t>(cfg_ptrs.size()), count = got;
     if (got == 0) notes.push_back(fmt::format("{}: no engine configs", mode_name));
     for (int64_t i = 0; i < std::min(got, count) && !found; ++i) {
       // The engine behind the config: its global index (for logs) and numerical notes.
@@ -804,7 +868,7 @@ StatusOr<CudnnAttention::Plan*> CudnnAttention::GetPlan(Direction dir, int B, in
         continue;
       }
       cudnnBackendDescriptor_t p = nullptr;
-      st = api.CreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p);
+      cudnnStatus_t st = api.CreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p);
       if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api, st, "creating an execution plan").WithContext(what);
       Desc exec_plan(&api, p);
       // CUDNN_ATTR_EXECUTION_PLAN_HANDLE (400), deprecated in the 9.19 headers, required before.

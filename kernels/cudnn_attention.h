@@ -19,10 +19,13 @@
 // Plans are built once per (B, T, C, NH, direction) and cached in the object, so a training step
 // builds nothing. Determinism: with options.deterministic (the default) the backward graph writes dQ
 // directly (cuDNN then uses its "dP workspace" engine, which stores dS in the workspace and computes
-// dQ with a separate GEMM instead of fp32 atomics; workspace B·NH·⌈T/64⌉²·64²·2 bytes, 402 MB at
-// B=16, T=1024, NH=12) and engine configurations that carry CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC
-// are rejected; with deterministic = false dQ is accumulated in fp32 with atomics (faster, less
-// memory, not bit-reproducible).
+// dQ with a separate GEMM instead of fp32 atomics; workspace B·NH·(⌈T/64⌉·64)·(⌈T/128⌉·128)·2 bytes,
+// 402,653,440 at B=16, T=1024, NH=12 as cuDNN 9.19's engine reports on the host). Determinism comes
+// from that graph shape: engine configurations noted CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC would be
+// skipped, but (per a host planning probe) none of the backward engines carries that note, the
+// fp32-atomic one included — the GPU test `Reproducibility/deterministic` is the real check. With
+// deterministic = false dQ is accumulated in fp32 with atomics (faster, less memory, not
+// bit-reproducible).
 //
 // Thread safety: none; one object per thread/stream user. Not copyable. Only built with the CUDA
 // backend (TF_WITH_CUDA).
@@ -80,6 +83,21 @@ class CudnnAttention {
   // names, types and values against the real library. `cudnn_version` 0 = the loaded library's.
   static Status CheckGraphOnHost(Direction dir, int B, int T, int C, int NH, CudnnAttentionOptions options = {},
                                  int64_t cudnn_version = 0);
+
+  // Plans the graph for a device described in cuDNN's JSON form (CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR,
+  // cuDNN >= 9.8) with no GPU at all: the operation graph, the heuristics and the engines' run-time
+  // compilation happen on the host; finalizing an execution plan then stops at loading the compiled
+  // kernel into the (absent) driver. Needs libcuda.so.1 loadable (the toolkit's stub will do).
+  // For CI checks that cuDNN's fused engines accept the graphs.
+  struct DescribedDevicePlan {
+    int engine_configs = 0;        // heuristics mode A's engine configurations
+    int64_t config_workspace = -1; // the first configuration's workspace (bytes)
+    bool compiled = false;         // its plan got as far as loading the compiled kernel (or finalized)
+    std::string plan_status;       // what finalizing its plan answered
+  };
+  static StatusOr<DescribedDevicePlan> PlanOnDescribedDevice(Direction dir, int B, int T, int C, int NH,
+                                                             const std::string& device_json,
+                                                             CudnnAttentionOptions options = {});
 
   struct Plan;  // defined in the .cpp
 

@@ -148,7 +148,7 @@ GPT2Cuda::Plan GPT2Cuda::MakePlan(const GPT2Config& config, int max_batch, int m
   p.s.ln2_rstd = take(L * N);
   p.s.lnf_mean = take(N);
   p.s.lnf_rstd = take(N);
-  p.s.lse = flash ? take(L * B * NH * T) : -1;
+  p.s.lse = flash ? take(L * LseStride(B, NH, T)) : -1;
   p.s.losses = take(N);
   p.s.total = off;
 
@@ -180,11 +180,13 @@ GPT2Cuda::Plan GPT2Cuda::MakePlan(const GPT2Config& config, int max_batch, int m
 }
 
 size_t GPT2Cuda::EstimateCudnnWorkspace(const GPT2Config& config, int max_batch, int max_seq) {
-  // The deterministic backward's dS tiles (B, NH, ceil(T/64)^2 tiles of 64x64 bf16) plus its fp32 row
-  // sums D, with 1 MiB of slack (kernels/cudnn_attention.h).
+  // The deterministic backward's dS (per batch and head (ceil(T/64)*64) x (ceil(T/128)*128) bf16, as
+  // cuDNN 9.19's engine reports) plus its fp32 row sums D, with 1 MiB of slack
+  // (kernels/cudnn_attention.h).
   const size_t bnh = static_cast<size_t>(max_batch) * static_cast<size_t>(config.n_head);
-  const size_t tiles = (static_cast<size_t>(max_seq) + 63) / 64;
-  return bnh * tiles * tiles * 64 * 64 * 2 + bnh * static_cast<size_t>(max_seq) * 4 + (size_t{1} << 20);
+  const size_t t = static_cast<size_t>(max_seq);
+  const size_t rows = (t + 63) / 64 * 64, cols = (t + 127) / 128 * 128;
+  return bnh * rows * cols * 2 + bnh * t * 4 + (size_t{1} << 20);
 }
 
 StatusOr<GPT2CudaMemory> GPT2Cuda::EstimateMemory(const GPT2Config& config, int max_batch, int max_seq,
@@ -363,8 +365,8 @@ Status GPT2Cuda::AttentionForward(int l, int B, int T) {
     void* att = At(acts_, plan_.a.att + int64_t{l} * B * NH * T * T);
     return cuda::attention_forward(*blas_, atty, att, qkv, B, T, C, NH, dtype_, scratch_.data());
   }
-  float* lse = stats_.as<float>() + plan_.s.lse + int64_t{l} * B * NH * T;
-  if (cudnn_) {
+  float* lse = stats_.as<float>() + plan_.s.lse + int64_t{l} * LseStride(B, NH, T);
+  if (UseCudnn(B, T)) {
     return cudnn_->Forward(atty, lse, qkv, B, T, C, NH, dtype_, scratch_.data(), plan_.scratch_bytes, stream_);
   }
   const cuda::FlashImpl impl =
@@ -383,8 +385,8 @@ Status GPT2Cuda::AttentionBackward(int l, int B, int T) {
     void* att = At(acts_, plan_.a.att + int64_t{l} * B * NH * T * T);
     return cuda::attention_backward(*blas_, dqkv, datty, qkv, att, B, T, C, NH, dtype_, scratch_.data());
   }
-  const float* lse = stats_.as<float>() + plan_.s.lse + int64_t{l} * B * NH * T;
-  if (cudnn_) {
+  const float* lse = stats_.as<float>() + plan_.s.lse + int64_t{l} * LseStride(B, NH, T);
+  if (UseCudnn(B, T)) {
     return cudnn_->Backward(dqkv, datty, qkv, atty, lse, B, T, C, NH, dtype_, scratch_.data(), plan_.scratch_bytes,
                             stream_);
   }

@@ -201,6 +201,14 @@ class GPT2Cuda {
                                 const Options& options);
   // cuDNN attention's workspace for a plan without a device (an upper estimate; Create() asks cuDNN).
   static size_t EstimateCudnnWorkspace(const GPT2Config& config, int max_batch, int max_seq);
+  // Floats between two layers' (B,NH,T) log-sum-exp rows: rounded up to 64, so that every layer's
+  // starts 256-byte aligned (cuDNN declares its stats tensor 16-byte aligned; B*NH*T need not be a
+  // multiple of 4, e.g. 25 heads, B = 1, odd T).
+  static int64_t LseStride(int64_t B, int64_t NH, int64_t T) { return (B * NH * T + 63) / 64 * 64; }
+  // cuDNN attention for this batch shape: only at the planned (max) shape, whose plans Create() built.
+  // Other shapes (sampling grows T one token at a time; a short last batch) take our flash kernels —
+  // the same contract and lse — instead of building (and NVRTC-compiling) a cuDNN plan per shape.
+  bool UseCudnn(int B, int T) const { return cudnn_ != nullptr && B == max_batch_ && T == max_seq_; }
 
   GPT2Cuda(const GPT2Config& config, int max_batch, int max_seq, cuda::DType dtype, const Options& options);
   Status Allocate();

@@ -102,9 +102,10 @@ else
 fi
 
 echo; echo "== 1. CUDA kernel tests"
-# (Output to a file first: a `| head` in the pipeline would kill the tests with SIGPIPE.)
-timeout "$(bounded 200 150)" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run all_cuda_tests" \
-  >"$OUTDIR/cuda_tests.txt" 2>&1
+# (Output to a file first: a `| head` in the pipeline would kill the tests with SIGPIPE. cuDNN's
+# error log goes with it: a cuDNN plan that fails to build prints the library's whole error stack.)
+CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr timeout "$(bounded 200 150)" \
+  bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run all_cuda_tests" >"$OUTDIR/cuda_tests.txt" 2>&1
 tests_rc=$?
 grep -E "^\[  (FAILED|PASSED) |Failure|error" "$OUTDIR/cuda_tests.txt" | head -40
 passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")

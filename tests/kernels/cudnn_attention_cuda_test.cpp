@@ -14,6 +14,9 @@
 // loaded (CudnnLibraryStatus). The host-only tests run everywhere: a load failure is a Status, and
 // when cuDNN is loadable (no GPU needed) every tensor and operation descriptor of both graphs
 // finalizes in the real library.
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -321,6 +324,92 @@ TEST(CudnnAttentionHost, GraphDescriptorsFinalize) {
     }
   }
   EXPECT_EQ(CudnnAttention::CheckGraphOnHost(Dir::kForward, 1, 4, 256, 1).code(), StatusCode::kInvalidArgument);
+}
+
+// An H200 as cuDNN's device description (CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION): what the fused
+// engines are chosen and compiled for when there is no GPU.
+constexpr const char* kH200Json =
+    R"({"maxGridSize":[2147483647,65535,65535],"maxBlockSize":[1024,1024,64],"regsPerBlock":65536,)"
+    R"("multiProcessorCount":132,"warpSize":32,"maxSharedMemoryPerBlock":49152,)"
+    R"("maxSharedMemoryPerBlockOptin":232448,"reservedSharedMemoryPerBlock":1024,"maxRegistersPerSM":65536,)"
+    R"("maxCtasPerSM":32,"maxThreadsPerBlock":1024,"maxThreadsPerSM":2048,"pciDeviceId":0,"isTccDriver":0,)"
+    R"("supportCoopLaunch":1,"smClockRateKHz":1980000,"memClockRateKHz":3201000,"l2CacheSize":52428800,)"
+    R"("deviceName":"NVIDIA H200","totalGlobalMem":150121971712,"cudaDeviceId":0,"deviceVer":900,)"
+    R"("driverVer":13000})";
+
+// The child process of EnginesAcceptTheGraphsForADescribedH200: loads the stub driver, plans every
+// case, prints what cuDNN answered; exit code 0 when all compiled.
+int PlanOnDescribedH200(const std::string& stub) {
+    // The stub's SONAME is libcuda.so.1: cuDNN's dlopen("libcuda.so.1") then finds it loaded.
+    if (dlopen(stub.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      std::fprintf(stderr, "cannot load %s\n", stub.c_str());
+      return 2;
+    }
+    int failures = 0;
+    struct Case {
+      Shape s;
+      Dir dir;
+      bool deterministic;
+    };
+    const std::vector<Case> cases = {
+        {{16, 1024, 768, 12}, Dir::kForward, true},   {{16, 1024, 768, 12}, Dir::kBackward, true},
+        {{16, 1024, 768, 12}, Dir::kBackward, false}, {{24, 1024, 1600, 25}, Dir::kForward, true},
+        {{24, 1024, 1600, 25}, Dir::kBackward, true}, {{2, 17, 256, 4}, Dir::kForward, true},
+        {{2, 100, 256, 2}, Dir::kBackward, true},     {{1, 1, 256, 4}, Dir::kForward, true},
+    };
+    for (const Case& c : cases) {
+      const std::string what = Name(c.s) + (c.dir == Dir::kForward ? " forward" : " backward") +
+                               (c.deterministic ? "" : " atomic dQ");
+      auto r = CudnnAttention::PlanOnDescribedDevice(c.dir, c.s.B, c.s.T, c.s.C, c.s.NH, kH200Json,
+                                                     {.deterministic = c.deterministic});
+      if (!r.ok()) {
+        std::fprintf(stderr, "FAIL %s: %s\n", what.c_str(), r.status().ToString().c_str());
+        ++failures;
+        continue;
+      }
+      std::fprintf(stderr, "%s: %d engine configs, workspace %lld, plan: %s\n", what.c_str(), r->engine_configs,
+                   static_cast<long long>(r->config_workspace), r->plan_status.c_str());
+      if (r->engine_configs == 0 || !r->compiled) {
+        std::fprintf(stderr, "FAIL %s: no engine compiled\n", what.c_str());
+        ++failures;
+      }
+      // The deterministic backward's workspace: per batch and head (ceil(T/64)*64) x
+      // (ceil(T/128)*128) bf16, plus a few hundred bytes (256 with cuDNN 9.19) — within the 1 MiB
+      // slack of GPT2Cuda::EstimateCudnnWorkspace, which also adds the row sums.
+      if (c.dir == Dir::kBackward && c.deterministic) {
+        const int64_t t = c.s.T;
+        const int64_t bound = int64_t{c.s.B} * c.s.NH * ((t + 63) / 64 * 64) * ((t + 127) / 128 * 128) * 2 + 65536;
+        if (r->config_workspace > bound) {
+          std::fprintf(stderr, "FAIL %s: workspace %lld above the estimate %lld\n", what.c_str(),
+                       static_cast<long long>(r->config_workspace), static_cast<long long>(bound));
+          ++failures;
+        }
+      }
+    }
+    std::fprintf(stderr, failures == 0 ? "ALL PLANNED\n" : "SOME FAILED\n");
+    return failures == 0 ? 0 : 1;
+}
+
+// Without a GPU, cuDNN's fused flash-attention engines accept both graphs for a described H200 and
+// compile them (planning stops only at loading the kernel into the absent driver): GPT-2 124M and
+// 1558M training shapes, short and odd T, both backward variants. Runs in a child process that
+// first loads the toolkit's stub libcuda (cuDNN's engines need one to load; the stub would poison a
+// process that has a real driver, hence the child and the skip with a GPU). The deterministic
+// backward's workspace is checked against the model's no-GPU estimate.
+TEST(CudnnAttentionHost, EnginesAcceptTheGraphsForADescribedH200) {
+  if (cuda::DeviceCount() > 0) GTEST_SKIP() << "a GPU is visible: the GPU tests plan on it directly";
+  if (Status s = cuda::CudnnLibraryStatus(); !s.ok()) GTEST_SKIP() << "cuDNN cannot be loaded: " << s.ToString();
+  std::string stub;
+  for (const char* home : {static_cast<const char*>(std::getenv("CUDA_HOME")), "/usr/local/cuda"}) {
+    if (home == nullptr) continue;
+    for (const char* sub : {"/lib64/stubs/libcuda.so", "/lib/stubs/libcuda.so"}) {
+      const std::string path = std::string(home) + sub;
+      if (stub.empty() && access(path.c_str(), R_OK) == 0) stub = path;
+    }
+  }
+  if (stub.empty()) GTEST_SKIP() << "no stub libcuda.so in the CUDA toolkit";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(PlanOnDescribedH200(stub)), ::testing::ExitedWithCode(0), "ALL PLANNED");
 }
 
 }  // namespace
