@@ -94,6 +94,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
                                                      topo.local_rank));
   } else {
     TF_ASSIGN_OR_RETURN(t->backend_, MakeCpuBackend(model, train.batch_size, train.seq_len, adamw));
+    // The CUDA model's options mean nothing here: say so rather than ignore them silently.
+    if (options.print_progress && topo.rank == 0 &&
+        (train.attention != "flash" || train.recompute != 0 || train.gelu_fusion != -1)) {
+      fmt::print("note: attention \"{}\", recompute {}, gelu_fusion {} apply to the CUDA backend only; the CPU "
+                 "backend ignores them\n",
+                 train.attention, train.recompute, train.gelu_fusion);
+    }
   }
 
   std::vector<float> params(static_cast<size_t>(t->backend_->layout().total()));

@@ -135,5 +135,20 @@ TEST_F(TrainerTest, CudaDeviceWithoutGpuIsAClearError) {
       << trainer.status().ToString();
 }
 
+// CUDA-only model options with the CPU backend are named as ignored, not silently dropped.
+TEST_F(TrainerTest, CudaOnlyOptionsOnCpuAreNamedAsIgnored) {
+  TrainConfig t = train_;
+  t.device = "cpu";
+  t.attention = "cudnn";
+  t.recompute = 2;
+  testing::internal::CaptureStdout();
+  auto trainer = Trainer::Create(model_, t, Trainer::Options{.print_progress = true, .write_outputs = false});
+  const std::string out = testing::internal::GetCapturedStdout();
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  EXPECT_NE(out.find("attention \"cudnn\", recompute 2, gelu_fusion -1 apply to the CUDA backend only"),
+            std::string::npos)
+      << out;
+}
+
 }  // namespace
 }  // namespace tf
