@@ -51,7 +51,8 @@ CublasContext::CublasContext(CublasContext&& o) noexcept
       stream_(std::exchange(o.stream_, nullptr)),
       workspace_(std::move(o.workspace_)),
       options_(o.options_),
-      stats_(o.stats_) {}
+      stats_(o.stats_),
+      lt_algo_cache_(std::move(o.lt_algo_cache_)) {}
 
 CublasContext& CublasContext::operator=(CublasContext&& o) noexcept {
   std::swap(lt_, o.lt_);
@@ -60,6 +61,7 @@ CublasContext& CublasContext::operator=(CublasContext&& o) noexcept {
   std::swap(workspace_, o.workspace_);
   std::swap(options_, o.options_);
   std::swap(stats_, o.stats_);
+  std::swap(lt_algo_cache_, o.lt_algo_cache_);
   return *this;
 }
 

@@ -16,6 +16,8 @@
 // Only compiled with the CUDA backend (TF_WITH_CUDA).
 #pragma once
 #include <cstddef>
+#include <string>
+#include <unordered_map>
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -74,8 +76,19 @@ class CublasContext {
     long lt_gemms = 0;       // cuBLASLt calls (with or without an epilogue)
     long classic_gemms = 0;  // classic cuBLAS calls (cublasGemmEx, cublasGemmStridedBatchedEx)
     long lt_fallbacks = 0;   // cuBLASLt had no algorithm; the classic path ran instead
+    long lt_heuristic_queries = 0;  // cuBLASLt heuristic queries (the rest came from the cache)
   };
   Stats& stats() { return stats_; }
+
+  // cuBLASLt's algorithm choice per GEMM configuration (types, transposes, shape, leading
+  // dimensions, epilogue, alignments: everything the heuristic query sees; kernels/matmul.cu builds
+  // the key), so that a training step asks the heuristic once per distinct GEMM instead of on every
+  // call — host time that would otherwise be spent on every step, and the same algorithm every step.
+  struct LtAlgo {
+    bool found = false;  // false: cuBLASLt has none (the caller falls back)
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::unordered_map<std::string, LtAlgo>& lt_algo_cache() { return lt_algo_cache_; }
 
  private:
   CublasContext() = default;
@@ -86,6 +99,7 @@ class CublasContext {
   DeviceBuffer workspace_;
   Options options_;
   Stats stats_;
+  std::unordered_map<std::string, LtAlgo> lt_algo_cache_;
 };
 
 }  // namespace tf::cuda

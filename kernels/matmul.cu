@@ -38,9 +38,9 @@
 // Fallback: cuBLASLt may report that it has no algorithm for a configuration (an odd shape, an
 // epilogue it does not support for fp32, an unaligned pointer); such calls run the classic path,
 // cublasGemmEx plus BiasGeluKernel, which handles every shape. Real errors are returned.
-// (Every cuBLASLt call builds its descriptors and asks the heuristic again, a few microseconds of
-// host time that overlap the previous GEMM on the stream; caching the chosen algorithm per shape in
-// the context is the obvious next step if the host side ever shows in a profile.)
+// Every cuBLASLt call builds its (cheap) descriptors; the heuristic is asked once per distinct
+// configuration and its answer kept in the context (CublasContext::lt_algo_cache), so steady-state
+// steps spend no host time in heuristics and always run the same algorithms.
 //
 // dbias: cuBLASLt's CUBLASLT_EPILOGUE_BGRADB would fuse the column sum into the dweight GEMM, but
 // it overwrites the bias gradient (no +=), stores it in the output type (bf16 in mixed precision),
@@ -259,23 +259,45 @@ Status LtMatmul(CublasContext& ctx, const Gemm& g, const Epilogue& e, DType dt) 
   TF_RETURN_IF_ERROR(SetPref(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, MatrixAlignment(c, g.ldd, dt)));
   TF_RETURN_IF_ERROR(SetPref(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, MatrixAlignment(g.d, g.ldd, dt)));
 
-  // (C == D with beta = 1 accumulates in place; C != D adds another matrix, e.g. a residual.)
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), desc.h, la.h, lb.h, lc.h, ld.h, pref.h, 1,
-                                                     &heuristic, &found);
-  // NOT_SUPPORTED: no kernel for this configuration; INVALID_VALUE: a combination cuBLASLt rejects
-  // (e.g. an epilogue for this type). Both fall back: the classic path reports arguments that are
-  // invalid for it too.
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
-      (st == CUBLAS_STATUS_SUCCESS && (found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS))) {
+  // The algorithm: from the context's cache, keyed by everything the heuristic query sees, or asked
+  // for once. (C == D with beta = 1 accumulates in place; C != D adds another matrix, a residual.)
+  std::string key;
+  for (long v : {long(dt), long(g.trans_a), long(g.trans_b), long(g.m), long(g.n), long(g.k), long(g.lda),
+                 long(g.ldb), long(g.ldd), long(e.kind), long(e.bias != nullptr), long(e.aux != nullptr), long(e.aux_ld),
+                 long(c != g.d), long(g.beta != 0.0f), long(MatrixAlignment(g.a, g.lda, dt)),
+                 long(MatrixAlignment(g.b, g.ldb, dt)), long(MatrixAlignment(c, g.ldd, dt)),
+                 long(MatrixAlignment(g.d, g.ldd, dt))}) {
+    key += std::to_string(v);
+    key += ',';
+  }
+  auto& cache = ctx.lt_algo_cache();
+  auto cached = cache.find(key);
+  if (cached == cache.end()) {
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    ++ctx.stats().lt_heuristic_queries;
+    cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), desc.h, la.h, lb.h, lc.h, ld.h, pref.h, 1,
+                                                        &heuristic, &found);
+    // NOT_SUPPORTED: no kernel for this configuration; INVALID_VALUE: a combination cuBLASLt rejects
+    // (e.g. an epilogue for this type). Both fall back: the classic path reports arguments that are
+    // invalid for it too.
+    CublasContext::LtAlgo entry;
+    if (hst == CUBLAS_STATUS_SUCCESS && found > 0 && heuristic.state == CUBLAS_STATUS_SUCCESS) {
+      entry.found = true;
+      entry.algo = heuristic.algo;
+    } else if (hst != CUBLAS_STATUS_SUCCESS && hst != CUBLAS_STATUS_NOT_SUPPORTED && hst != CUBLAS_STATUS_INVALID_VALUE) {
+      return CublasError(hst, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);  // a real error: not cached
+    }
+    cached = cache.emplace(key, entry).first;
+  }
+  if (!cached->second.found) {
     ++ctx.stats().lt_fallbacks;
     return Status(kNoLtAlgorithm, "cuBLASLt has no algorithm for " + GemmName(g));
   }
-  if (st != CUBLAS_STATUS_SUCCESS) return CublasError(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-  st = cublasLtMatmul(ctx.lt(), desc.h, &g.alpha, g.a, la.h, g.b, lb.h, &g.beta, c, lc.h, g.d, ld.h, &heuristic.algo,
-                      ctx.workspace(), ctx.workspace_bytes(), ctx.stream());
+  cublasStatus_t st = cublasLtMatmul(ctx.lt(), desc.h, &g.alpha, g.a, la.h, g.b, lb.h, &g.beta, c, lc.h, g.d, ld.h,
+                                     &cached->second.algo, ctx.workspace(), ctx.workspace_bytes(), ctx.stream());
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+    cached->second.found = false;  // the same call would fail again: fall back from now on
     ++ctx.stats().lt_fallbacks;
     return Status(kNoLtAlgorithm, "cublasLtMatmul: not supported for " + GemmName(g));
   }

@@ -307,6 +307,31 @@ TEST_P(MatmulCuda, DgeluFusedBackwardMatchesCpu) {
   }
 }
 
+// cuBLASLt's heuristic is asked once per GEMM configuration; repeated calls reuse the cached
+// algorithm and give bit-identical results.
+TEST_P(MatmulCuda, HeuristicAskedOncePerConfiguration) {
+  TF_SKIP_WITHOUT_GPU();
+  if (!use_lt()) GTEST_SKIP() << "classic path: no heuristic";
+  auto ctx = MakeContext(use_lt());
+  ASSERT_TRUE(ctx.has_value());
+  const Shape s{256, 768, 2304};
+  const auto inp = Random(size_t(s.N) * s.C, 1.0f, 40, dt());
+  const auto w = Random(size_t(s.OC) * s.C, 1.0f / std::sqrt(float(s.C)), 41, dt());
+  const auto b = Random(s.OC, 0.5f, 42, dt());
+  DeviceArray d_inp(inp, dt()), d_w(w, dt()), d_b(b, dt());
+  auto out1 = DeviceArray::Poisoned(size_t(s.N) * s.OC, dt()), out2 = DeviceArray::Poisoned(size_t(s.N) * s.OC, dt());
+  const long q0 = ctx->stats().lt_heuristic_queries;
+  ASSERT_TRUE(cuda::matmul_forward(*ctx, out1.data(), d_inp.data(), d_w.data(), d_b.data(), s.N, s.C, s.OC, dt()).ok());
+  const long q1 = ctx->stats().lt_heuristic_queries;
+  EXPECT_EQ(q1, q0 + 1);
+  ASSERT_TRUE(cuda::matmul_forward(*ctx, out2.data(), d_inp.data(), d_w.data(), d_b.data(), s.N, s.C, s.OC, dt()).ok());
+  EXPECT_EQ(ctx->stats().lt_heuristic_queries, q1) << "the same configuration asked the heuristic again";
+  EXPECT_TRUE(out1.Download() == out2.Download());
+  // Another configuration (no bias: another epilogue) asks once more.
+  ASSERT_TRUE(cuda::matmul_forward(*ctx, out2.data(), d_inp.data(), d_w.data(), nullptr, s.N, s.C, s.OC, dt()).ok());
+  EXPECT_EQ(ctx->stats().lt_heuristic_queries, q1 + 1);
+}
+
 TEST_P(MatmulCuda, RejectsBadArguments) {
   TF_SKIP_WITHOUT_GPU();
   auto ctx = MakeContext(use_lt());
