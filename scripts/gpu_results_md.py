@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Turns a gpu_check.sh log into a Markdown section for bench/RESULTS.md.
+
+Usage: python3 scripts/gpu_results_md.py <files_at>/gpu_check.log [more logs of the same run]
+
+Prints the date and machine, the summary table (tests, sanitizers, benchmarks, every end-to-end
+`trainflow bench` line as ms/step, tokens/s, MFU with both FLOP counts and device memory, the GPU
+training runs) and the bf16 step's GPU-time profile, all taken verbatim from the log: nothing is
+computed here except unit formatting. Review before committing; add what the numbers mean.
+"""
+import re
+import sys
+
+
+def parse_bench(line):
+    """BENCH_RESULT key=value pairs -> dict of floats (empty if none)."""
+    m = re.search(r"BENCH_RESULT (.*)", line)
+    if not m:
+        return {}
+    out = {}
+    for kv in m.group(1).split():
+        if "=" in kv:
+            k, v = kv.split("=", 1)
+            try:
+                out[k] = float(v)
+            except ValueError:
+                pass
+    return out
+
+
+def main(paths):
+    text = ""
+    for p in paths:
+        with open(p, encoding="utf-8", errors="replace") as f:
+            text += f.read()
+    lines = text.splitlines()
+    header = next((l for l in lines if l.startswith("== gpu_check ")), "== gpu_check (date unknown)")
+    gpu = ""
+    for i, l in enumerate(lines):
+        if l.startswith("== gpu_check ") and i + 1 < len(lines):
+            gpu = lines[i + 1].strip()
+            break
+    try:
+        start = max(i for i, l in enumerate(lines) if l.startswith("== summary"))
+    except ValueError:
+        sys.exit("no '== summary' section in the log: the check did not finish")
+    summary = [l.strip() for l in lines[start + 1:] if l.startswith("  ")]
+    budget = lines[start]
+
+    print(f"### GPU check: {header[len('== gpu_check '):]}")
+    print()
+    print(f"Machine: {gpu or 'unknown (nvidia-smi printed nothing)'}. Command: `bash scripts/gpu_check.sh` "
+          f"(device tool, carry `gpu_carry`, bundle from `bash scripts/gpu_bundle.sh`); {budget.strip('= ')}.")
+    print()
+    print("| what | result |")
+    print("|---|---|")
+    profile = []
+    for s in summary:
+        if s.startswith("PROFILE ") or s.startswith("cuDNN PROFILE "):
+            profile.append(s)
+            continue
+        what, _, rest = s.partition(": ")
+        b = parse_bench(rest)
+        if b:
+            cells = [f"{b.get('ms_per_step', 0):.2f} ms/step", f"{b.get('tokens_per_s', 0):,.0f} tok/s"]
+            if "mfu" in b:
+                cells.append(f"MFU {100 * b['mfu']:.1f}% (6·params)")
+            if "mfu_with_attention" in b:
+                cells.append(f"{100 * b['mfu_with_attention']:.1f}% with attention FLOPs")
+            if b.get("device_used_gb"):
+                cells.append(f"{b['device_used_gb']:.1f} GB in use")
+            print(f"| {what} | {', '.join(cells)} |")
+        else:
+            print(f"| {what} | {rest.replace('|', '/')} |")
+    if profile:
+        print()
+        print("GPU time per step by piece of work (bf16 defaults; `trainflow bench --profile-steps`):")
+        print()
+        print("| piece | ms/step | share | calls/step |")
+        print("|---|---|---|---|")
+        for p in profile:
+            m = re.match(r"(cuDNN )?PROFILE (.+?)\s+([0-9.]+) ms\s+([0-9.]+)%\s+([0-9.]+) calls", p)
+            if m:
+                name = ("cuDNN " if m.group(1) else "") + m.group(2).strip()
+                print(f"| {name} | {m.group(3)} | {m.group(4)}% | {m.group(5)} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])
