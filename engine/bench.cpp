@@ -59,6 +59,7 @@ StatusOr<BenchResult> RunCudaBench(const GPT2Config& config, const BenchOptions&
   mo.recompute = o.recompute;
   mo.gelu_fusion = o.gelu_fusion;
   mo.fuse_residual = o.fuse_residual;
+  mo.deterministic_attention = o.deterministic_attention;
   TF_ASSIGN_OR_RETURN(std::unique_ptr<GPT2Cuda> model, GPT2Cuda::Create(config, o.batch, o.seq, dt, mo));
   std::vector<float> host(static_cast<size_t>(model->layout().total()));
   InitGPT2Weights(config, 1, host, /*parallel=*/true);
@@ -121,7 +122,10 @@ StatusOr<BenchResult> RunCudaBench(const GPT2Config& config, const BenchOptions&
   const double attention_flops = 6.0 * config.n_layer * config.n_embd * static_cast<double>(o.seq) * tokens;
   r.mfu_with_attention = (r.gflops + attention_flops / (r.median_ms / 1000.0) / 1e9) / (peak * 1e3);
   r.planned_gb = static_cast<double>(model->memory().total) / 1e9;
-  r.cuda_options = fmt::format("attention {}, recompute {}, gelu fusion {}, residual {}", AttentionName(mo.attention),
+  r.cuda_options = fmt::format("attention {}{}, recompute {}, gelu fusion {}, residual {}", AttentionName(mo.attention),
+                               mo.attention == GPT2CudaOptions::Attention::kCudnn && !mo.deterministic_attention
+                                   ? " (nondeterministic backward)"
+                                   : "",
                                mo.recompute, mo.GeluFusion(dt), mo.fuse_residual ? "fused" : "unfused");
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {

@@ -21,6 +21,7 @@ struct BenchOptions {
   int recompute = 0;                // 0, 1 or 2
   int gelu_fusion = -1;             // -1 (auto), 0, 1 or 2
   bool fuse_residual = true;
+  bool deterministic_attention = true;  // cuDNN attention's backward without atomics
   // CUDA: after the timed steps, this many more steps with every piece of GPU work timed by name
   // (cuda::RangeProfiler), printed as a table (0 = none).
   int profile_steps = 0;

@@ -218,6 +218,8 @@ int RunCli(int argc, char** argv) {
       ->capture_default_str();
   bench->add_flag("!--no-fuse-residual", bopt.fuse_residual,
                   "CUDA: separate residual-add kernels instead of folding them into the GEMMs");
+  bench->add_flag("!--nondeterministic-attention", bopt.deterministic_attention,
+                  "CUDA, --attention cudnn: the backward with fp32 atomics for dQ (faster, not bit-reproducible)");
   bench->add_option("--profile-steps", bopt.profile_steps,
                     "CUDA: after the timed steps, N more with the GPU time of each piece of work (table)")
       ->check(CLI::Range(0, 100))

@@ -165,6 +165,7 @@ StatusOr<std::unique_ptr<TrainBackend>> MakeCudaBackend(const GPT2Config& config
   TF_ASSIGN_OR_RETURN(mo.attention, ParseAttention(options.attention));
   mo.recompute = options.recompute;
   mo.gelu_fusion = options.gelu_fusion;
+  mo.deterministic_attention = options.deterministic;
   const int n = cuda::DeviceCount();
   if (device < 0 || device >= n) {
     return Status::InvalidArgument("CUDA device {} requested but {} {} visible", device, n, n == 1 ? "is" : "are");

@@ -92,6 +92,7 @@ struct CudaBackendOptions {
   std::string attention = "flash";   // "flash", "flash_simt" or "gemm"
   int recompute = 0;                 // 0, 1 or 2
   int gelu_fusion = -1;              // -1 (default), 0, 1 or 2
+  bool deterministic = true;         // cuDNN attention's backward without atomics
 };
 // The CUDA backend on `device`. Unimplemented in CPU-only builds; InvalidArgument naming the device
 // when it does not exist, or naming a bad option.

@@ -65,6 +65,8 @@ struct TrainConfig {
   // GELU in the MLP GEMMs' cuBLASLt epilogues: -1 default (model/gpt2_cuda.h), 0 off, 1 forward,
   // 2 forward and backward.
   int gelu_fusion = -1;
+  // false: cuDNN attention's faster backward with fp32 atomics (runs are then not bit-reproducible).
+  bool deterministic = true;
   // Data parallelism (comm/, docs/distributed.md): gradient compression codec ("none", "bf16",
   // "fp16", "int8", "int8-sr", "sign", "topk:D", or "auto" = measure and choose at start),
   // reducer bucket sizes, and error feedback for lossy codecs.

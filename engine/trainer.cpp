@@ -89,7 +89,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
                                      topo.rank, topo.local_rank, topo.hostname, gpus, gpus == 1 ? " is" : "s are");
     }
     const CudaBackendOptions cuda_options{.dtype = train.dtype, .attention = train.attention,
-                                          .recompute = train.recompute, .gelu_fusion = train.gelu_fusion};
+                                          .recompute = train.recompute, .gelu_fusion = train.gelu_fusion,
+                                          .deterministic = train.deterministic};
     TF_ASSIGN_OR_RETURN(t->backend_, MakeCudaBackend(model, train.batch_size, train.seq_len, adamw, cuda_options,
                                                      topo.local_rank));
   } else {

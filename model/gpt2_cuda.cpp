@@ -204,7 +204,8 @@ StatusOr<GPT2CudaMemory> GPT2Cuda::EstimateMemory(const GPT2Config& config, int 
     attention = EstimateCudnnWorkspace(config, max_batch, max_seq);
     // With a device and cuDNN, ask cuDNN itself (as Create() will).
     if (cuda::DeviceCount() > 0) {
-      if (auto cudnn = cuda::CudnnAttention::Create(); cudnn.ok()) {
+      if (auto cudnn = cuda::CudnnAttention::Create({.deterministic = options.deterministic_attention});
+          cudnn.ok()) {
         using Dir = cuda::CudnnAttention::Direction;
         auto fwd = (*cudnn)->WorkspaceBytes(Dir::kForward, max_batch, max_seq, config.n_embd, config.n_head);
         auto bwd = (*cudnn)->WorkspaceBytes(Dir::kBackward, max_batch, max_seq, config.n_embd, config.n_head);
@@ -239,7 +240,7 @@ StatusOr<std::unique_ptr<GPT2Cuda>> GPT2Cuda::Create(const GPT2Config& config, i
   TF_ASSIGN_OR_RETURN(cuda::CublasContext ctx, cuda::CublasContext::Create(m->stream_));
   m->blas_ = std::make_unique<cuda::CublasContext>(std::move(ctx));
   if (options.attention == Options::Attention::kCudnn) {
-    auto cudnn = cuda::CudnnAttention::Create();
+    auto cudnn = cuda::CudnnAttention::Create({.deterministic = options.deterministic_attention});
     if (!cudnn.ok()) return cudnn.status().WithContext("attention \"cudnn\"");
     m->cudnn_ = std::move(cudnn).value();
   }

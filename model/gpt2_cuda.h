@@ -62,6 +62,9 @@ struct GPT2CudaOptions {
   // The residual adds folded into the attention-projection and fcproj GEMMs (cuBLASLt's C matrix
   // with beta = 1) instead of separate accumulate kernels.
   bool fuse_residual = true;
+  // kCudnn only: a deterministic attention backward (dQ without fp32 atomics, at the cost of a dS
+  // workspace and one more GEMM; kernels/cudnn_attention.h). Our own kernels are always deterministic.
+  bool deterministic_attention = true;
 
   // gelu_fusion with -1 resolved for `dtype`.
   int GeluFusion(cuda::DType dtype) const {

@@ -187,6 +187,8 @@ if run trainflow bench --help 2>/dev/null | grep -q -- "--gelu-fusion"; then
   # Attention's GPU time per step with cuDNN (this run's PROFILE lines only).
   while read -r line; do SUMMARY+=("  cuDNN $line"); done < <(tail -n +$((n0 + 1)) "$OUTDIR/e2e.txt" \
     | grep -E '^PROFILE attention')
+  bench_e2e "GPT-2 124M B=16 T=1024 bf16 cuDNN attention, atomic dQ" 110 --dtype bf16 --attention cudnn \
+    --nondeterministic-attention $E2E
   bench_e2e "GPT-2 124M B=16 T=1024 fp32" 110 --dtype fp32 $E2E
 else
   SUMMARY+=("end-to-end: this build's trainflow bench has no --gelu-fusion option (old bundle?)")

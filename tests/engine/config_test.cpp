@@ -192,7 +192,7 @@ TEST(TrainConfigTest, OutOfRangeValuesAreRejected) {
       {"sample_temperature", 0.0}, {"device", "tpu"}, {"dtype", "fp8"}, {"compression", "int4"},
       {"compression", "topk:0"}, {"compression", "topk:1.5"}, {"bucket_mb", 0.0}, {"first_bucket_mb", -1.0},
       {"error_feedback", 1},  {"attention", "sdpa"}, {"recompute", 3}, {"recompute", -1},
-      {"gelu_fusion", 3}, {"gelu_fusion", -2},
+      {"gelu_fusion", 3}, {"gelu_fusion", -2}, {"deterministic", 1},
   };
   for (const auto& [key, value] : cases) {
     SCOPED_TRACE(key + " = " + value.dump());
