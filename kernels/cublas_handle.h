@@ -84,6 +84,8 @@ class CublasContext {
   // dimensions, epilogue, alignments: everything the heuristic query sees; kernels/matmul.cu builds
   // the key), so that a training step asks the heuristic once per distinct GEMM instead of on every
   // call — host time that would otherwise be spent on every step, and the same algorithm every step.
+  // (The compute and scale types, the split-K reduction preference and the workspace size are the
+  // same for every GEMM of a context; they would have to join the key if they ever varied.)
   struct LtAlgo {
     bool found = false;  // false: cuBLASLt has none (the caller falls back)
     cublasLtMatmulAlgo_t algo{};

@@ -46,8 +46,9 @@ StatusOr<std::vector<RangeProfiler::Total>> RangeProfiler::Collect() {
   std::vector<Total> totals;
   const cudaError_t recorded = error_;
   error_ = cudaSuccess;
-  const std::vector<const char*> names = std::move(names_);
+  const std::vector<const char*> names = names_;  // (a copy: names_ keeps its capacity)
   names_.clear();
+  dropped_ = 0;
   if (recorded != cudaSuccess) return CudaError(recorded, "cudaEventRecord (profiler)", __FILE__, __LINE__);
   TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   for (size_t r = 0; r < names.size(); ++r) {

@@ -36,6 +36,7 @@ class RangeProfiler {
   void End();
   // Waits for the stream; the totals per name in first-seen order since the last Collect().
   StatusOr<std::vector<Total>> Collect();
+  // Ranges dropped for lack of events since the last Collect().
   int dropped() const { return dropped_; }
 
  private:

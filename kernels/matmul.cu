@@ -266,7 +266,8 @@ Status LtMatmul(CublasContext& ctx, const Gemm& g, const Epilogue& e, DType dt) 
                  long(g.ldb), long(g.ldd), long(e.kind), long(e.bias != nullptr), long(e.aux != nullptr), long(e.aux_ld),
                  long(c != g.d), long(g.beta != 0.0f), long(MatrixAlignment(g.a, g.lda, dt)),
                  long(MatrixAlignment(g.b, g.ldb, dt)), long(MatrixAlignment(c, g.ldd, dt)),
-                 long(MatrixAlignment(g.d, g.ldd, dt))}) {
+                 long(MatrixAlignment(g.d, g.ldd, dt)), long(MatrixAlignment(e.bias, 0, dt)),
+                 long(MatrixAlignment(e.aux, 0, dt))}) {
     key += std::to_string(v);
     key += ',';
   }

@@ -252,7 +252,7 @@ Status GPT2Cuda::Allocate() {
   TF_ASSIGN_OR_RETURN(const size_t encoder, cuda::encoder_backward_scratch_bytes(max_batch_, max_seq_));
   size_t attention = 0;
   if (cudnn_) {
-    // Builds (and caches) cuDNN's plans for the planned shape; smaller batches build theirs on first use.
+    // Builds (and caches) cuDNN's plans for the planned shape, the only one it runs (UseCudnn).
     using Dir = cuda::CudnnAttention::Direction;
     const int C = config_.n_embd, NH = config_.n_head;
     TF_ASSIGN_OR_RETURN(const size_t fwd, cudnn_->WorkspaceBytes(Dir::kForward, max_batch_, max_seq_, C, NH));

@@ -3,16 +3,18 @@
 # with gpu_bundle/ made on the build machine by scripts/gpu_bundle.sh (the GPU machine has the CUDA
 # toolkit but none of Debian's -dev packages, so binaries are built elsewhere and carried).
 #
+#   0. Hugging Face interop (CPU),
 #   1. the CUDA-vs-CPU kernel tests (all_cuda_tests; every tests/**/*_cuda_test.cpp),
-#   1b. compute-sanitizer (memcheck, racecheck) on the flash attention kernels' small-shape tests,
-#   2. the CUDA kernel benchmarks (every bench/*_cuda_bench.cpp: GB/s, TFLOP/s against peaks),
-#   3. an end-to-end `trainflow bench` of GPT-2 124M at B=16, T=1024 on the GPU (tokens/s, MFU):
+#   2. an end-to-end `trainflow bench` of GPT-2 124M at B=16, T=1024 on the GPU (tokens/s, MFU):
 #      bf16 with the defaults (and a per-piece GPU time profile), bf16 with each epilogue fusion
-#      switched, bf16 with cuDNN's fused attention, fp32,
-#   4. `trainflow train --device cuda` on the default corpus, without and with int8 gradient
+#      switched, bf16 with cuDNN's fused attention (deterministic and atomic backward), fp32,
+#   3. `trainflow train --device cuda` on the default corpus, without and with int8 gradient
 #      compression (the device reducer with the CUDA codecs and NCCL at world size 1),
-#   5. GPT-2 1558M at T=1024, B=24 with recompute 2: does it fit, and the device memory in use,
-# ending with a short table. Every step runs under `timeout`, and the timeouts are cut to what is
+#   4. GPT-2 1558M at T=1024, B=24 with recompute 2: does it fit, and the device memory in use,
+#   5. the CUDA kernel benchmarks (every bench/*_cuda_bench.cpp: GB/s, TFLOP/s against peaks),
+#   6. compute-sanitizer (memcheck, racecheck) on the flash attention kernels' small-shape tests,
+# in order of what the issue needs most (the model's MFU first), ending with a short table. Every
+# step runs under `timeout`, and the timeouts are cut to what is
 # left of a global budget (GPU_CHECK_BUDGET seconds, default 470: the whole script stays within
 # 8 minutes; a step with no time left is skipped and says so). The full log goes to
 # $OUT/gpu_check.log (or ./gpu_check.log without $OUT).
@@ -90,7 +92,8 @@ run() {
 
 echo; echo "== 0. Hugging Face interop (CPU): exported weights load in transformers with the same loss"
 HF=$(mktemp -d)
-if run trainflow prepare --input README.md docs --out-dir "$HF/data" --val-fraction 0 >/dev/null &&
+if timeout 60 bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow prepare \
+     --input README.md docs --out-dir $HF/data --val-fraction 0" >/dev/null &&
    run trainflow export --init --seed 3 --model configs/model/byte-tiny.json --out "$HF/model" >/dev/null; then
   tf_loss=$(run trainflow eval --weights "$HF/model/model.safetensors" --data "$HF/data/train.bin" --batch-size 2 \
     --seq-len 64 --batches 3 | sed -n 's/.*: loss \([0-9.]*\).*/\1/p')
@@ -104,21 +107,29 @@ fi
 echo; echo "== 1. CUDA kernel tests"
 # (Output to a file first: a `| head` in the pipeline would kill the tests with SIGPIPE. cuDNN's
 # error log goes with it: a cuDNN plan that fails to build prints the library's whole error stack.)
-CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr timeout "$(bounded 200 150)" \
+CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr timeout "$(bounded 200 200)" \
   bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run all_cuda_tests" >"$OUTDIR/cuda_tests.txt" 2>&1
 tests_rc=$?
-grep -E "^\[  (FAILED|PASSED) |Failure|error" "$OUTDIR/cuda_tests.txt" | head -40
+grep -E "^\[  (FAILED|PASSED) |: Failure$" "$OUTDIR/cuda_tests.txt" | head -40  # (not cuDNN's log lines)
 passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
 failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
 skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$OUTDIR/cuda_tests.txt")
 SUMMARY+=("CUDA tests: rc=$tests_rc passed=$passed failed=$failed skipped=$skipped")
 # A crash (or a sticky CUDA error, which fails every later test in the process) hides which suites
-# are really broken: then run each suite in a process of its own, for a per-suite verdict.
-if [[ $tests_rc -ne 0 ]]; then
+# are really broken: then run each suite in a process of its own, for a per-suite verdict, within
+# 90 s in all. Not after a timeout (124: the suites would time out again) nor after plain failures
+# (the run's own report names them).
+crashed=0
+if ((tests_rc >= 128)) || { ((tests_rc != 0 && tests_rc != 124)) && ! grep -qE '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$OUTDIR/cuda_tests.txt"; }; then
+  crashed=1
+fi
+if ((crashed)); then
+  rerun_end=$((SECONDS + 90))
   suites=$(run all_cuda_tests --gtest_list_tests 2>/dev/null | grep -E '^[A-Za-z0-9_/]+\.' | sed 's/\..*//')
   for suite in $suites; do
-    t=$(bounded 30 150)
-    if ((t < 5)); then SUMMARY+=("  suite $suite: skipped (time budget)"); continue; fi
+    t=$(bounded 30 200)
+    ((t > rerun_end - SECONDS)) && t=$((rerun_end - SECONDS))
+    if ((t < 5)); then SUMMARY+=("  suites from $suite on: not rerun (time)"); break; fi
     timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run all_cuda_tests \
       --gtest_filter='$suite.*'" >"$OUTDIR/suite_${suite//\//_}.txt" 2>&1
     rc=$?
@@ -127,46 +138,13 @@ if [[ $tests_rc -ne 0 ]]; then
   done
 fi
 
-echo; echo "== 1b. compute-sanitizer on the flash attention kernels (small shapes)"
-SANITIZER="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
-if [[ $MODE == direct && -x "$SANITIZER" ]]; then
-  for tool in memcheck racecheck; do
-    t=$(bounded 45 150)  # keeps 150 s for the benchmarks and the end-to-end bench
-    if ((t < 10)); then SUMMARY+=("sanitizer $tool: skipped (time budget)"); continue; fi
-    LD_LIBRARY_PATH="$B/lib:$CUDA_LIBS" timeout "$t" "$SANITIZER" --tool "$tool" \
-      "$B/bin/all_cuda_tests" --gtest_filter='*FlashAttentionCuda.SmallShapesMatchCpu/*:FlashAttentionCudaArgs.*' \
-      >"$OUTDIR/sanitizer_$tool.txt" 2>&1
-    rc=$?
-    SUMMARY+=("sanitizer $tool: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitizer_$tool.txt" | tail -1)")
-  done
-else
-  SUMMARY+=("sanitizer: not run (mode $MODE, $SANITIZER)")
-fi
-
-echo; echo "== 2. CUDA kernel benchmarks"
-for bench in "$B"/bin/*_cuda_bench; do
-  [[ -x "$bench" ]] || continue
-  name=$(basename "$bench")
-  t=$(bounded 75 150)  # keeps 150 s for the end-to-end benches and the training runs
-  if ((t < 10)); then SUMMARY+=("$name: skipped (time budget)"); continue; fi
-  timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run $name --benchmark_min_time=0.1" \
-    >"$OUTDIR/$name.txt" 2>&1
-  grep -E "^BM_|ceiling|peak" "$OUTDIR/$name.txt" | head -60
-  SUMMARY+=("$name: $(grep -c '^BM_' "$OUTDIR/$name.txt") benchmarks (full table in $name.txt)")
-done
-# Flash attention vs the GEMM baseline at GPT-2 124M training shapes (bf16), for the summary.
-if [[ -f "$OUTDIR/attention_cuda_bench.txt" ]]; then
-  while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^BM_(Flash|Gemm)/(fwd|bwd)/shape:0/dt:1/(simt:0/)?manual_time' \
-    "$OUTDIR/attention_cuda_bench.txt" | awk '{printf "%-40s %s %s", $1, $2, $3; for (i = 4; i <= NF; ++i) if ($i ~ /TFLOP|of_peak/) printf " %s", $i; print ""}')
-fi
-
-echo; echo "== 3. end-to-end trainflow bench on the GPU"
+echo; echo "== 2. end-to-end trainflow bench on the GPU"
 # bf16 with the defaults (flash attention, residual adds folded into the GEMMs, GELU separate),
 # each epilogue fusion switched (GELU forward, GELU forward+backward, residual unfused: which ones
 # pay), fp32 (the CPU-checkable mode).
 bench_e2e() {  # label, seconds to keep for later steps, then trainflow bench arguments
   local label="$1" keep="$2"; shift 2
-  local t; t=$(bounded 75 "$keep")
+  local t; t=$(bounded 60 "$keep")
   if ((t < 15)); then SUMMARY+=("$label: skipped (time budget)"); return; fi
   local line
   line=$(timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow bench \
@@ -176,28 +154,29 @@ bench_e2e() {  # label, seconds to keep for later steps, then trainflow bench ar
 : >"$OUTDIR/e2e.txt"
 if run trainflow bench --help 2>/dev/null | grep -q -- "--gelu-fusion"; then
   E2E="--model configs/model/gpt2-124m.json --batch-size 16 --seq-len 1024 --steps 20 --warmup 5"
-  bench_e2e "GPT-2 124M B=16 T=1024 bf16" 110 --dtype bf16 --profile-steps 3 $E2E  # keeps 110 s for training, 1558M
+  bench_e2e "GPT-2 124M B=16 T=1024 bf16" 160 --dtype bf16 --profile-steps 3 $E2E  # keeps 160 s for training, 1558M, kernel benches
   # Where the bf16 step's GPU time goes (the 8 largest pieces; the whole table is in e2e.txt).
   while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^PROFILE ' "$OUTDIR/e2e.txt" | head -8)
-  bench_e2e "GPT-2 124M B=16 T=1024 bf16 gelu fusion 1" 110 --dtype bf16 --gelu-fusion 1 $E2E
-  bench_e2e "GPT-2 124M B=16 T=1024 bf16 gelu fusion 2" 110 --dtype bf16 --gelu-fusion 2 $E2E
-  bench_e2e "GPT-2 124M B=16 T=1024 bf16 residual unfused" 110 --dtype bf16 --no-fuse-residual $E2E
+  bench_e2e "GPT-2 124M B=16 T=1024 bf16 gelu fusion 1" 160 --dtype bf16 --gelu-fusion 1 $E2E
+  bench_e2e "GPT-2 124M B=16 T=1024 bf16 gelu fusion 2" 160 --dtype bf16 --gelu-fusion 2 $E2E
+  bench_e2e "GPT-2 124M B=16 T=1024 bf16 residual unfused" 160 --dtype bf16 --no-fuse-residual $E2E
   n0=$(wc -l <"$OUTDIR/e2e.txt")
-  bench_e2e "GPT-2 124M B=16 T=1024 bf16 cuDNN attention" 110 --dtype bf16 --attention cudnn --profile-steps 1 $E2E
+  bench_e2e "GPT-2 124M B=16 T=1024 bf16 cuDNN attention" 160 --dtype bf16 --attention cudnn --profile-steps 1 $E2E
   # Attention's GPU time per step with cuDNN (this run's PROFILE lines only).
   while read -r line; do SUMMARY+=("  cuDNN $line"); done < <(tail -n +$((n0 + 1)) "$OUTDIR/e2e.txt" \
     | grep -E '^PROFILE attention')
-  bench_e2e "GPT-2 124M B=16 T=1024 bf16 cuDNN attention, atomic dQ" 110 --dtype bf16 --attention cudnn \
+  bench_e2e "GPT-2 124M B=16 T=1024 bf16 cuDNN attention, atomic dQ" 160 --dtype bf16 --attention cudnn \
     --nondeterministic-attention $E2E
-  bench_e2e "GPT-2 124M B=16 T=1024 fp32" 110 --dtype fp32 $E2E
+  bench_e2e "GPT-2 124M B=16 T=1024 fp32" 160 --dtype fp32 $E2E
 else
   SUMMARY+=("end-to-end: this build's trainflow bench has no --gelu-fusion option (old bundle?)")
 fi
 
-echo; echo "== 4. GPU training on the default corpus (byte-small, 300 steps, bf16; CPU reference: val 2.5865)"
+echo; echo "== 3. GPU training on the default corpus (byte-small, 300 steps, bf16; CPU reference: val 2.5865)"
 if [[ -f "$B/data/train.bin" ]]; then
+  : >"$OUTDIR/train.txt"
   for c in none int8; do
-    t=$(bounded 35 50)  # keeps 50 s for the 1558M step
+    t=$(bounded 35 110)  # keeps 110 s for the 1558M step and the kernel benchmarks
     if ((t < 10)); then SUMMARY+=("GPU train compression $c: skipped (time budget)"); continue; fi
     line=$(timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow train \
       --device cuda --dtype bf16 --model configs/model/byte-small.json --train configs/train/fortunes.json \
@@ -211,10 +190,10 @@ else
   SUMMARY+=("GPU train: no data in the bundle")
 fi
 
-echo; echo "== 5. GPT-2 1558M, T=1024, B=24, bf16, recompute 2 (fits 80 GB? device memory in use vs the plan)"
+echo; echo "== 4. GPT-2 1558M, T=1024, B=24, bf16, recompute 2 (fits 80 GB? device memory in use vs the plan)"
 : >"$OUTDIR/e2e_1558m.txt"
 if run trainflow bench --help 2>/dev/null | grep -q -- "--recompute"; then
-  t=$(bounded 120)
+  t=$(bounded 90 60)  # keeps 60 s for the kernel benchmarks
   if ((t < 30)); then
     SUMMARY+=("GPT-2 1558M B=24 T=1024 bf16 recompute 2: skipped (time budget)")
   else
@@ -222,10 +201,43 @@ if run trainflow bench --help 2>/dev/null | grep -q -- "--recompute"; then
       --device cuda --dtype bf16 --recompute 2 --model configs/model/gpt2-1558m.json --batch-size 24 --seq-len 1024 \
       --steps 3 --warmup 1" 2>&1 | tee "$OUTDIR/e2e_1558m.txt" | grep BENCH_RESULT)
     SUMMARY+=("GPT-2 1558M B=24 T=1024 bf16 recompute 2: ${line:-failed (see e2e_1558m.txt)}")
-    grep -E "^bench: bf16 on CUDA" "$OUTDIR/e2e_1558m.txt" | sed 's/^/  /' | while read -r l; do echo "$l"; done
+    grep -E "^bench: bf16 on CUDA" "$OUTDIR/e2e_1558m.txt"
     mem=$(grep -E "^bench: bf16 on CUDA" "$OUTDIR/e2e_1558m.txt" | sed -n 's/.*device memory \(.*\)$/\1/p')
     [[ -n "$mem" ]] && SUMMARY+=("  1558M device memory: $mem")
   fi
+fi
+
+echo; echo "== 5. CUDA kernel benchmarks"
+for bench in "$B"/bin/*_cuda_bench; do
+  [[ -x "$bench" ]] || continue
+  name=$(basename "$bench")
+  t=$(bounded 60 30)  # keeps 30 s for the sanitizers
+  if ((t < 10)); then SUMMARY+=("$name: skipped (time budget)"); continue; fi
+  timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run $name --benchmark_min_time=0.1" \
+    >"$OUTDIR/$name.txt" 2>&1
+  grep -E "^BM_|ceiling|peak" "$OUTDIR/$name.txt" | head -60
+  SUMMARY+=("$name: $(grep -c '^BM_' "$OUTDIR/$name.txt") benchmarks (full table in $name.txt)")
+done
+# Flash attention vs the GEMM baseline at GPT-2 124M training shapes (bf16), for the summary.
+if [[ -f "$OUTDIR/attention_cuda_bench.txt" ]]; then
+  while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^BM_(Flash|Gemm)/(fwd|bwd)/shape:0/dt:1/(simt:0/)?manual_time' \
+    "$OUTDIR/attention_cuda_bench.txt" | awk '{printf "%-40s %s %s", $1, $2, $3; for (i = 4; i <= NF; ++i) if ($i ~ /TFLOP|of_peak/) printf " %s", $i; print ""}')
+fi
+
+echo; echo "== 6. compute-sanitizer on the flash attention kernels (small shapes)"
+SANITIZER="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
+if [[ $MODE == direct && -x "$SANITIZER" ]]; then
+  for tool in memcheck racecheck; do
+    t=$(bounded 45)
+    if ((t < 10)); then SUMMARY+=("sanitizer $tool: skipped (time budget)"); continue; fi
+    LD_LIBRARY_PATH="$B/lib:$CUDA_LIBS" timeout "$t" "$SANITIZER" --tool "$tool" \
+      "$B/bin/all_cuda_tests" --gtest_filter='*FlashAttentionCuda.SmallShapesMatchCpu/*:FlashAttentionCudaArgs.*' \
+      >"$OUTDIR/sanitizer_$tool.txt" 2>&1
+    rc=$?
+    SUMMARY+=("sanitizer $tool: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitizer_$tool.txt" | tail -1)")
+  done
+else
+  SUMMARY+=("sanitizer: not run (mode $MODE, $SANITIZER)")
 fi
 
 echo; echo "== summary ($((SECONDS - START)) s of a ${BUDGET} s budget)"
