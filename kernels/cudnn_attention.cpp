@@ -171,7 +171,10 @@ bool TryOpen(const std::string& path, Cudnn* c, std::vector<std::string>* tried)
   if (path.find('/') == std::string::npos && dlinfo(lib, RTLD_DI_ORIGIN, origin) == 0) {
     c->path = std::string(origin) + "/" + path;  // found through the library path: say where
   }
-  ResolveCudnn(lib, c);  // the handle stays open for the process lifetime (as NCCL's)
+  ResolveCudnn(lib, c);  // a usable library stays open for the process lifetime (as NCCL's)
+  // An unusable one (too old, not cuDNN) is closed again, so that its sub-libraries cannot later be
+  // shared by name with a newer cuDNN found further down the search.
+  if (!c->ok()) dlclose(lib);
   return true;
 }
 
