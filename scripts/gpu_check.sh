@@ -3,7 +3,6 @@
 # with gpu_bundle/ made on the build machine by scripts/gpu_bundle.sh (the GPU machine has the CUDA
 # toolkit but none of Debian's -dev packages, so binaries are built elsewhere and carried).
 #
-#   0. Hugging Face interop (CPU),
 #   1. the CUDA-vs-CPU kernel tests (all_cuda_tests; every tests/**/*_cuda_test.cpp),
 #   2. an end-to-end `trainflow bench` of GPT-2 124M at B=16, T=1024 on the GPU (tokens/s, MFU):
 #      bf16 with the defaults (and a per-piece GPU time profile), bf16 with each epilogue fusion
@@ -12,7 +11,9 @@
 #      compression (the device reducer with the CUDA codecs and NCCL at world size 1),
 #   4. GPT-2 1558M at T=1024, B=24 with recompute 2: does it fit, and the device memory in use,
 #   5. the CUDA kernel benchmarks (every bench/*_cuda_bench.cpp: GB/s, TFLOP/s against peaks),
-#   6. compute-sanitizer (memcheck, racecheck) on the flash attention kernels' small-shape tests,
+#   6. Hugging Face interop (CPU; here because this machine has transformers): exported weights load
+#      with the same loss,
+#   7. compute-sanitizer (memcheck, racecheck) on the flash attention kernels' small-shape tests,
 # in order of what the issue needs most (the model's MFU first), ending with a short table. Every
 # step runs under `timeout`, and the timeouts are cut to what is
 # left of a global budget (GPU_CHECK_BUDGET seconds, default 470: the whole script stays within
@@ -89,20 +90,6 @@ run() {
     "$B/lib/ld-linux-x86-64.so.2" --library-path "$B/lib:$CUDA_LIBS" "$B/bin/$bin" "$@"
   fi
 }
-
-echo; echo "== 0. Hugging Face interop (CPU): exported weights load in transformers with the same loss"
-HF=$(mktemp -d)
-if timeout 60 bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow prepare \
-     --input README.md docs --out-dir $HF/data --val-fraction 0" >/dev/null &&
-   run trainflow export --init --seed 3 --model configs/model/byte-tiny.json --out "$HF/model" >/dev/null; then
-  tf_loss=$(run trainflow eval --weights "$HF/model/model.safetensors" --data "$HF/data/train.bin" --batch-size 2 \
-    --seq-len 64 --batches 3 | sed -n 's/.*: loss \([0-9.]*\).*/\1/p')
-  hf_line=$(timeout "$(bounded 60)" python3 scripts/hf_interop_check.py "$HF/model" "$HF/data/train.bin" 2 64 3 \
-    "$tf_loss" 2>&1 | tail -1)
-  SUMMARY+=("${hf_line:-HF_INTEROP FAIL: no output}")
-else
-  SUMMARY+=("HF_INTEROP FAIL: could not prepare/export")
-fi
 
 echo; echo "== 1. CUDA kernel tests"
 # (Output to a file first: a `| head` in the pipeline would kill the tests with SIGPIPE. cuDNN's
@@ -211,7 +198,7 @@ echo; echo "== 5. CUDA kernel benchmarks"
 for bench in "$B"/bin/*_cuda_bench; do
   [[ -x "$bench" ]] || continue
   name=$(basename "$bench")
-  t=$(bounded 60 30)  # keeps 30 s for the sanitizers
+  t=$(bounded 60 50)  # keeps 50 s for the HF interop check and the sanitizers
   if ((t < 10)); then SUMMARY+=("$name: skipped (time budget)"); continue; fi
   timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run $name --benchmark_min_time=0.1" \
     >"$OUTDIR/$name.txt" 2>&1
@@ -224,7 +211,21 @@ if [[ -f "$OUTDIR/attention_cuda_bench.txt" ]]; then
     "$OUTDIR/attention_cuda_bench.txt" | awk '{printf "%-40s %s %s", $1, $2, $3; for (i = 4; i <= NF; ++i) if ($i ~ /TFLOP|of_peak/) printf " %s", $i; print ""}')
 fi
 
-echo; echo "== 6. compute-sanitizer on the flash attention kernels (small shapes)"
+echo; echo "== 6. Hugging Face interop (CPU): exported weights load in transformers with the same loss"
+HF=$(mktemp -d)
+if timeout 60 bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow prepare \
+     --input README.md docs --out-dir $HF/data --val-fraction 0" >/dev/null &&
+   run trainflow export --init --seed 3 --model configs/model/byte-tiny.json --out "$HF/model" >/dev/null; then
+  tf_loss=$(run trainflow eval --weights "$HF/model/model.safetensors" --data "$HF/data/train.bin" --batch-size 2 \
+    --seq-len 64 --batches 3 | sed -n 's/.*: loss \([0-9.]*\).*/\1/p')
+  hf_line=$(timeout "$(bounded 60)" python3 scripts/hf_interop_check.py "$HF/model" "$HF/data/train.bin" 2 64 3 \
+    "$tf_loss" 2>&1 | tail -1)
+  SUMMARY+=("${hf_line:-HF_INTEROP FAIL: no output}")
+else
+  SUMMARY+=("HF_INTEROP FAIL: could not prepare/export")
+fi
+
+echo; echo "== 7. compute-sanitizer on the flash attention kernels (small shapes)"
 SANITIZER="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
 if [[ $MODE == direct && -x "$SANITIZER" ]]; then
   for tool in memcheck racecheck; do
