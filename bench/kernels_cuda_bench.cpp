@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <set>
 #include <vector>
@@ -31,6 +32,8 @@
 #include "kernels/encoder.h"
 #include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
+#include "model/config.h"
+#include "model/parameters.h"
 
 namespace tf {
 namespace {
@@ -226,6 +229,68 @@ void BM_CudaAdamW(benchmark::State& state) {
   ReportBytes(state, kParams * (ElemBytes(dt) + 6.0 * sizeof(float) + (bf16 ? 2.0 : 0.0)));
 }
 BENCHMARK(BM_CudaAdamW)->ArgName("bf16")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// The model's optimizer step as GPT2Cuda runs it: the whole flat buffer in one launch over GPT-2
+// 124M's decay runs, the clip factor read from the device sum of squares (adamw_step_ranges), against
+// the same update issued per tensor (148 launches, the clip factor a host float): what one launch
+// saves in launch gaps. Same bytes as BM_CudaAdamW.
+void BM_CudaAdamWModelStep(benchmark::State& state) {
+  if (SkipWithoutDevice(state)) return;
+  const DType dt = ArgDType(state);
+  const bool bf16 = dt == DType::kBF16;
+  const bool per_tensor = state.range(1) != 0;
+  const GPT2Config config{.n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = kV, .block_size = kMaxT,
+                          .padded_vocab_size = kVp};
+  const ParameterLayout layout(config);
+  const long n = static_cast<long>(layout.total());
+  TF_BENCH_ASSIGN(master, RandomDevice(n, DType::kF32, 0.02f, 31));
+  TF_BENCH_ASSIGN(m, RandomDevice(n, DType::kF32, 1e-3f, 32));
+  TF_BENCH_ASSIGN(v, DeviceBuffer::Allocate(n * sizeof(float)));
+  TF_BENCH_ASSIGN(g, RandomDevice(n, dt, 1e-3f, 34));
+  TF_BENCH_ASSIGN(params, DeviceBuffer::Allocate(bf16 ? n * sizeof(uint16_t) : 0));
+  TF_BENCH_ASSIGN(sum, DeviceBuffer::Allocate(sizeof(double)));
+  const std::vector<DecayRange> runs = DecayRanges(layout);
+  std::vector<uint8_t> table(runs.size() * 9);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    std::memcpy(table.data() + r * 8, &runs[r].end, 8);
+    table[runs.size() * 8 + r] = runs[r].decay ? 1 : 0;
+  }
+  TF_BENCH_ASSIGN(d_table, DeviceBuffer::Allocate(table.size()));
+  const double sum_sq = 4.0;  // norm 2 > clip 1: the clip factor is applied
+  if (cudaMemset(v.data(), 0, n * sizeof(float)) != cudaSuccess ||
+      cudaMemcpy(d_table.data(), table.data(), table.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(sum.data(), &sum_sq, sizeof(double), cudaMemcpyHostToDevice) != cudaSuccess) {
+    state.SkipWithError("cudaMemset/cudaMemcpy failed");
+    return;
+  }
+  const math::AdamWParams h{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f};
+  const size_t es = cuda::DTypeSize(dt);
+  void* out_base = bf16 ? params.data() : master.data();
+  TimeLaunches(state, [&]() -> Status {
+    if (!per_tensor) {
+      return cuda::adamw_step_ranges(master.as<float>(), m.as<float>(), v.as<float>(), g.data(), out_base, n,
+                                     d_table.as<int64_t>(), d_table.as<uint8_t>() + runs.size() * 8,
+                                     static_cast<int>(runs.size()), sum.as<double>(), 1.0, h, dt, dt, nullptr);
+    }
+    const float scale = static_cast<float>(1.0 / (2.0 + 1e-6));
+    for (const ParamTensor& t : layout.tensors()) {
+      math::AdamWParams ht = h;
+      ht.weight_decay = t.weight_decay ? h.weight_decay : 0.0f;
+      void* out = bf16 ? static_cast<void*>(static_cast<char*>(params.data()) + t.offset * 2)
+                       : static_cast<void*>(master.as<float>() + t.offset);
+      TF_RETURN_IF_ERROR(cuda::adamw_step(master.as<float>() + t.offset, m.as<float>() + t.offset,
+                                          v.as<float>() + t.offset, static_cast<char*>(g.data()) + t.offset * es, out,
+                                          t.numel, scale, ht, dt, dt, nullptr));
+    }
+    return Status::OK();
+  });
+  ReportBytes(state, n * (ElemBytes(dt) + 6.0 * sizeof(float) + (bf16 ? 2.0 : 0.0)));
+}
+BENCHMARK(BM_CudaAdamWModelStep)
+    ->ArgNames({"bf16", "per_tensor"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace tf
