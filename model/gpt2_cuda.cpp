@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include "kernels/attention.h"
 #include "kernels/classifier.h"
@@ -261,6 +262,22 @@ Status GPT2Cuda::Allocate() {
   }
   plan_ = MakePlan(config_, max_batch_, max_seq_, dtype_, options_, encoder, attention);
   const GPT2CudaMemory& m = plan_.memory;
+  // A plan that cannot fit is a clear error naming what to change, not a cudaMalloc failure halfway.
+  size_t free_bytes = 0, total_bytes = 0;
+  TF_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (m.total > free_bytes) {
+    std::string hint = options_.recompute < 2 ? fmt::format("recompute {} (now {})", options_.recompute + 1,
+                                                            options_.recompute)
+                                              : std::string("a smaller batch_size");
+    if (options_.attention == Options::Attention::kGemm) hint += ", attention \"flash\" (no T x T probabilities)";
+    return Status::InvalidArgument(
+        "the model needs {:.2f} GB of device memory at batch {} x {} (state {:.2f}, activations {:.2f}, backward "
+        "buffers {:.2f}, other {:.2f}) but {:.2f} GB of the device's {:.2f} GB are free: lower batch_size (use "
+        "grad_accum_steps for the same tokens per step) or try {}",
+        m.total / 1e9, max_batch_, max_seq_, (m.params + m.grads + m.master + m.moments) / 1e9,
+        (m.activations + m.stats) / 1e9, m.backward / 1e9, (m.scratch + m.other + m.cublas_workspace) / 1e9,
+        free_bytes / 1e9, total_bytes / 1e9, hint);
+  }
   const int64_t P = layout_.total();
   const int64_t N = int64_t{max_batch_} * max_seq_;
   size_t allocated = 0;

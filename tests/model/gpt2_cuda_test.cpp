@@ -383,6 +383,18 @@ TEST(GPT2CudaCudnn, StepMatchesCpuAndPlanMatchesAllocation) {
   EXPECT_EQ(fp32.status().code(), StatusCode::kInvalidArgument);
 }
 
+// A plan larger than the free device memory is refused up front with a message naming the fix.
+TEST(GPT2CudaPlan, PlanLargerThanTheDeviceIsAClearError) {
+  TF_SKIP_WITHOUT_GPU();
+  const GPT2Config c{.n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .block_size = 1024,
+                     .padded_vocab_size = 50304};
+  auto gpu = GPT2Cuda::Create(c, 4096, 1024, cuda::DType::kBF16);  // ~2 TB of activations
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_EQ(gpu.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(gpu.status().message().find("are free"), std::string::npos) << gpu.status().ToString();
+  EXPECT_NE(gpu.status().message().find("recompute 1"), std::string::npos) << gpu.status().ToString();
+}
+
 TEST(GPT2CudaPlan, FlashRejectsHeadSizeAbove128) {
   TF_SKIP_WITHOUT_GPU();
   const GPT2Config c{.n_layer = 1, .n_head = 1, .n_embd = 256, .vocab_size = 97, .block_size = 16,
