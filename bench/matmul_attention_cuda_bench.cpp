@@ -7,6 +7,8 @@
 //    into the forward), fc_proj (4C -> C), each with bias; lm_head (C -> Vp, no bias, as GPT-2 ties
 //    it to the embedding). Backward = dinp, dweight and dbias (accumulating), as training runs it.
 //  * BM_Attention/fwd and /bwd: the unfused cuBLAS baseline at (B, T, C, NH).
+//  * BM_Epilogue/<fusion>_fused and _unfused: each epilogue fusion of the model against the
+//    separate kernels it replaces (see BM_Epilogue).
 // Counters:
 //  * TFLOP/s: the FLOPs the kernels execute per call / GPU time per call. Linear: 2 N C OC forward,
 //    4 N C OC backward (two GEMMs; the bias column sum is not counted). Attention: 4 B NH T^2 hs
@@ -35,6 +37,7 @@
 #include "kernels/attention.h"
 #include "kernels/cublas_handle.h"
 #include "kernels/cuda_runtime.h"
+#include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 
 namespace tf {
@@ -130,6 +133,74 @@ void BM_Attention(benchmark::State& state, bool backward) {
              [&] { return cuda::attention_backward(*ctx, dqkv, dout, qkv, att, kB, kT, kC, kNH, dt, scratch); });
   }
 }
+
+// The model's epilogue fusions, each against the unfused sequence it replaces (what
+// GPT2CudaOptions::gelu_fusion / fuse_residual switch), at the GPT-2 124M shapes:
+//  * gelu_fwd: fc (C -> 4C) with GELU_AUX_BIAS, vs the GEMM + bias then gelu_forward;
+//  * residual_fwd: fc_proj (4C -> C) with the residual as cuBLASLt's C, vs the GEMM + bias then
+//    accumulate;
+//  * dgelu_bwd: fc_proj's input gradient with the DGELU epilogue, vs the GEMM then gelu_backward
+//    (dinp only, overwritten, as the model issues it).
+// TFLOP/s counts the GEMM's FLOPs only, so fused and unfused rates compare directly (higher = faster).
+enum class Epilogue { kGeluFwd, kResidualFwd, kDgeluBwd };
+void BM_Epilogue(benchmark::State& state, Epilogue kind, bool fused) {
+  cuda::CublasContext* ctx = ContextOrSkip(state);
+  if (ctx == nullptr) return;
+  const DType dt = ArgDType(state);
+  Buffers buf;
+  const size_t nc = size_t(kN) * kC, n4c = size_t(kN) * kMlp;
+  if (kind == Epilogue::kGeluFwd) {
+    void* inp = buf.Add(nc, dt, 1.0f);
+    void* w = buf.Add(size_t(kMlp) * kC, dt, 1.0f / std::sqrt(float(kC)));
+    void* b = buf.Add(kMlp, dt, 0.1f);
+    void* pre = buf.Add(n4c, dt, 0.0f);
+    void* out = buf.Add(n4c, dt, 0.0f);
+    if (Failed(state, buf.status)) return;
+    RunTimed(state, *ctx, dt, 2.0 * kN * double(kC) * kMlp, [&]() -> Status {
+      if (fused) return cuda::matmul_forward(*ctx, out, inp, w, b, kN, kC, kMlp, dt, pre);
+      TF_RETURN_IF_ERROR(cuda::matmul_forward(*ctx, pre, inp, w, b, kN, kC, kMlp, dt));
+      return cuda::gelu_forward(out, pre, long(n4c), dt, ctx->stream());
+    });
+  } else if (kind == Epilogue::kResidualFwd) {
+    void* inp = buf.Add(n4c, dt, 1.0f);
+    void* w = buf.Add(size_t(kC) * kMlp, dt, 1.0f / std::sqrt(float(kMlp)));
+    void* b = buf.Add(kC, dt, 0.1f);
+    void* residual = buf.Add(nc, dt, 1.0f);
+    void* out = buf.Add(nc, dt, 0.0f);
+    if (Failed(state, buf.status)) return;
+    RunTimed(state, *ctx, dt, 2.0 * kN * double(kMlp) * kC, [&]() -> Status {
+      if (fused) return cuda::matmul_forward(*ctx, out, inp, w, b, kN, kMlp, kC, dt, nullptr, residual);
+      TF_RETURN_IF_ERROR(cuda::matmul_forward(*ctx, out, inp, w, b, kN, kMlp, kC, dt));
+      return cuda::accumulate(out, residual, long(nc), dt, ctx->stream());
+    });
+  } else {
+    void* dout = buf.Add(nc, dt, 1.0f);
+    void* inp = buf.Add(n4c, dt, 1.0f);
+    void* pre = buf.Add(n4c, dt, 1.0f);
+    void* w = buf.Add(size_t(kC) * kMlp, dt, 1.0f / std::sqrt(float(kMlp)));
+    void* dweight = buf.Add(size_t(kC) * kMlp, dt, 0.0f);
+    void* dinp = buf.Add(n4c, dt, 0.0f);
+    if (Failed(state, buf.status)) return;
+    // Both variants also run the dweight GEMM (matmul_backward always does): 4 N C OC FLOPs.
+    RunTimed(state, *ctx, dt, 4.0 * kN * double(kMlp) * kC, [&]() -> Status {
+      cuda::MatmulBackwardOptions o;
+      o.accumulate_dinp = false;
+      if (fused) o.dgelu_pre = pre;
+      TF_RETURN_IF_ERROR(
+          cuda::matmul_backward(*ctx, dinp, dweight, nullptr, dout, inp, w, kN, kMlp, kC, dt, nullptr, o));
+      if (fused) return Status::OK();
+      return cuda::gelu_backward(dinp, pre, dinp, long(n4c), dt, ctx->stream());
+    });
+  }
+}
+#define TF_EPILOGUE_BENCH(name, kind)                                                              \
+  BENCHMARK_CAPTURE(BM_Epilogue, name##_fused, kind, true)                                         \
+      ->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);                             \
+  BENCHMARK_CAPTURE(BM_Epilogue, name##_unfused, kind, false)                                      \
+      ->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond)
+TF_EPILOGUE_BENCH(gelu_fwd, Epilogue::kGeluFwd);
+TF_EPILOGUE_BENCH(residual_fwd, Epilogue::kResidualFwd);
+TF_EPILOGUE_BENCH(dgelu_bwd, Epilogue::kDgeluBwd);
 
 #define TF_LINEAR_BENCH(name, layer)                                                              \
   BENCHMARK_CAPTURE(BM_Linear, name##_fwd, layer, false)                                          \

@@ -210,6 +210,11 @@ if [[ -f "$OUTDIR/attention_cuda_bench.txt" ]]; then
   while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^BM_(Flash|Gemm)/(fwd|bwd)/shape:0/dt:1/(simt:0/)?manual_time' \
     "$OUTDIR/attention_cuda_bench.txt" | awk '{printf "%-40s %s %s", $1, $2, $3; for (i = 4; i <= NF; ++i) if ($i ~ /TFLOP|of_peak/) printf " %s", $i; print ""}')
 fi
+# Each epilogue fusion against the kernels it replaces (bf16), for the summary.
+if [[ -f "$OUTDIR/matmul_attention_cuda_bench.txt" ]]; then
+  while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^BM_Epilogue/.*/1/manual_time' \
+    "$OUTDIR/matmul_attention_cuda_bench.txt" | awk '{printf "%-44s %s %s", $1, $2, $3; for (i = 4; i <= NF; ++i) if ($i ~ /TFLOP/) printf " %s", $i; print ""}')
+fi
 
 echo; echo "== 6. Hugging Face interop (CPU): exported weights load in transformers with the same loss"
 HF=$(mktemp -d)
