@@ -40,6 +40,7 @@ struct Nccl {
   decltype(&ncclGroupEnd) GroupEnd = nullptr;
   decltype(&ncclGetVersion) GetVersion = nullptr;
   std::string error;  // why loading failed ("" when loaded)
+  std::string path;   // what was loaded
 };
 
 const Nccl& LoadNccl() {
@@ -53,6 +54,12 @@ const Nccl& LoadNccl() {
         if (lib == nullptr) {
           const char* why = dlerror();
           tried.push_back(why != nullptr ? std::string(why) : path);
+        } else {
+          n->path = path;
+          char origin[4096] = {0};
+          if (path.find('/') == std::string::npos && dlinfo(lib, RTLD_DI_ORIGIN, origin) == 0) {
+            n->path = std::string(origin) + "/" + path;  // found through the library path: say where
+          }
         }
       }
     };
@@ -120,6 +127,14 @@ ncclDataType_t ToNccl(DataType t) {
 }
 
 }  // namespace
+
+std::string NcclDescription() {
+  const Nccl& n = LoadNccl();
+  if (n.GetUniqueId == nullptr) return "not available: " + n.error;
+  int version = 0;
+  if (n.GetVersion(&version) != ncclSuccess) return fmt::format("loaded from {} (version unknown)", n.path);
+  return fmt::format("{}.{}.{} from {}", version / 10000, version / 100 % 100, version % 100, n.path);
+}
 
 bool NcclAvailable(std::string* why) {
   const Nccl& n = LoadNccl();

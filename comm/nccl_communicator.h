@@ -27,6 +27,8 @@ namespace tf::comm {
 
 // True when libnccl.so.2 can be loaded; `why` says what was tried otherwise.
 bool NcclAvailable(std::string* why = nullptr);
+// "2.27.3 from /path/libnccl.so.2", or "not available: <what was tried>" (for `trainflow env`).
+std::string NcclDescription();
 
 class NcclCommunicator final : public Communicator {
  public:

@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include "engine/bench.h"
+#include "engine/env_report.h"
 #include "engine/data_loader.h"
 #include "engine/prepare.h"
 #include "engine/sampler.h"
@@ -193,6 +194,9 @@ int RunCli(int argc, char** argv) {
   exp->add_option("--out", out_dir, "Output directory")->required();
   exp->add_option("--dtype", dtype, "f32, f16 or bf16")->capture_default_str();
 
+  // env
+  auto* env = app.add_subcommand("env", "What this build is and finds here: CUDA, GPUs, cuBLASLt, NCCL, cuDNN, MPI");
+
   // bench
   auto* bench = app.add_subcommand("bench", "Time training steps (median of N, warm-up excluded)");
   BenchOptions bopt;
@@ -315,6 +319,11 @@ int RunCli(int argc, char** argv) {
     cfg << HFConfigJson(c);
     if (!cfg) return Fail(Status::IOError("cannot write {}/config.json", out_dir));
     fmt::print("export: wrote {} ({}) and config.json\n", path, dtype);
+    return 0;
+  }
+
+  if (env->parsed()) {
+    for (const auto& [name, value] : EnvironmentReport()) fmt::print("{:<10} {}\n", name + ":", value);
     return 0;
   }
 

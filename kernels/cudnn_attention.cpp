@@ -82,6 +82,7 @@ static Status NoHeaders() {
   return Status::Unimplemented("this build has no cuDNN headers (cudnn_graph.h); cuDNN attention is unavailable");
 }
 Status CudnnLibraryStatus() { return NoHeaders(); }
+std::string CudnnLibraryDescription() { return "not available: built without cuDNN headers"; }
 Status ProbeCudnnLibrary(const std::string&) { return NoHeaders(); }
 StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(CudnnAttentionOptions) { return NoHeaders(); }
 CudnnAttention::~CudnnAttention() = default;
@@ -705,6 +706,12 @@ Status CudnnLibraryStatus() {
   const Cudnn& api = LoadCudnn();
   if (!api.ok()) return Status::NotFound("{}", api.error);
   return Status::OK();
+}
+
+std::string CudnnLibraryDescription() {
+  const Cudnn& api = LoadCudnn();
+  if (!api.ok()) return "not available: " + api.error;
+  return fmt::format("{}.{}.{} from {}", api.version / 10000, api.version / 100 % 100, api.version % 100, api.path);
 }
 
 Status ProbeCudnnLibrary(const std::string& path) {

@@ -115,6 +115,8 @@ class CudnnAttention {
 // Whether libcudnn.so.9 (>= 9.10.2) can be loaded in this process (cached after the first call); the
 // error names every path tried. Needs no GPU.
 Status CudnnLibraryStatus();
+// "9.19.0 from /path/libcudnn.so.9", or "not available: <what was tried>" (for `trainflow env`).
+std::string CudnnLibraryDescription();
 // Loads exactly `path` (no search, no caching) and checks symbols and version: for tests and tools.
 Status ProbeCudnnLibrary(const std::string& path);
 

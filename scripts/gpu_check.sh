@@ -91,6 +91,10 @@ run() {
   fi
 }
 
+echo; echo "== environment (trainflow env)"
+run trainflow env 2>&1 | tee "$OUTDIR/env.txt"
+while read -r line; do SUMMARY+=("$line"); done < <(grep -E '^(GPUs|  cuda:0|NCCL|cuDNN):' "$OUTDIR/env.txt")
+
 echo; echo "== 1. CUDA kernel tests"
 # (Output to a file first: a `| head` in the pipeline would kill the tests with SIGPIPE. cuDNN's
 # error log goes with it: a cuDNN plan that fails to build prints the library's whole error stack.)

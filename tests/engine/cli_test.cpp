@@ -212,6 +212,19 @@ TEST_F(CliTest, UnknownSubcommand) {
   EXPECT_TRUE(r.exit_code == 1 || r.exit_code == 2) << r;
 }
 
+// `trainflow env` reports the build and what it finds, and never fails for lack of a GPU, NCCL or
+// cuDNN (it says what was tried instead).
+TEST_F(CliTest, EnvReportsBuildAndLibraries) {
+  const RunResult r = Run({"env"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  for (const char* key : {"build:", "CPU:", "CUDA:", "MPI:"}) EXPECT_NE(r.out.find(key), std::string::npos) << key << r;
+  if (r.out.find("CUDA backend yes") != std::string::npos) {
+    for (const char* key : {"GPUs:", "cuBLASLt:", "NCCL:", "cuDNN:"}) {
+      EXPECT_NE(r.out.find(key), std::string::npos) << key << r;
+    }
+  }
+}
+
 TEST_F(CliTest, EvalOnMissingWeights) {
   const std::string missing = Path("no_such.safetensors");
   const RunResult r = Run({"eval", "--weights", missing, "--data", TokenFile("val.bin")});
