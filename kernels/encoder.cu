@@ -15,7 +15,9 @@
 //     handled by C/128 warps each walking its whole run: a dependent chain of `count` row loads,
 //     8 in flight, served from L2 by the prefetch (a token on ~1000 of 16K positions: tens of us).
 //  4. WpeGradKernel: one thread per (t, c) adds dout[b, t, c] for b = 0..B-1 in order (CPU order).
+#if !defined(TRAINFLOW_CUDA_EMULATION)  // tests/emulator provides a stable-sort cub::DeviceRadixSort
 #include <cub/device/device_radix_sort.cuh>
+#endif
 
 #include <algorithm>
 #include <climits>
@@ -61,8 +63,10 @@ template <typename T>
 __device__ __forceinline__ void PrefetchSlice(const T* row, int cs, int ce) {
   constexpr int kLineElems = 128 / sizeof(T);  // elements per 128-byte line
   // (Generic-address prefetch: PTX "prefetch.L2" without a state space.)
+#if !defined(TRAINFLOW_CUDA_EMULATION)  // a hint only: the CPU emulator skips it
   for (int c = cs; c < ce; c += kLineElems) asm volatile("prefetch.L2 [%0];" ::"l"(row + c));
   asm volatile("prefetch.L2 [%0];" ::"l"(row + ce - 1));  // the last line if cs is not line-aligned
+#endif
 }
 
 // grid (CeilDiv(N, kWarpsPerBlock), CeilDiv(C, kSlice)), kBlock threads. sorted_tok/sorted_pos (N).

@@ -51,6 +51,25 @@ constexpr size_t kDefaultSmem = 48 * 1024;  // above this a kernel must opt in
 constexpr size_t kScratchAlign = 256;
 
 // ---- PTX wrappers (sm_80+) ------------------------------------------------------------------------
+#if defined(TRAINFLOW_CUDA_EMULATION)
+// tests/emulator (cuemu): the same instructions executed by the CPU emulator, with PTX semantics.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  ::cuemu::CpAsync(smem, gmem, 16, valid ? 16 : 0);
+}
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, bool valid) {
+  ::cuemu::CpAsync(smem, gmem, 4, valid ? 4 : 0);
+}
+__device__ __forceinline__ void CpAsyncCommit() { ::cuemu::CpAsyncCommit(); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  ::cuemu::CpAsyncWait(N);
+}
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const bf16* p) { ::cuemu::LdMatrixX4(r, p, false); }
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const bf16* p) { ::cuemu::LdMatrixX4(r, p, true); }
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  ::cuemu::MmaM16N8K16Bf16(c, a, b0, b1);
+}
+#else
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -92,6 +111,7 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif  // TRAINFLOW_CUDA_EMULATION
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
   uint32_t r;

@@ -5,9 +5,15 @@
 //  * fp32, 1e-4: the GEMMs accumulate in fp32 over at most max(T, hs) = 256 terms here and differ
 //    from the CPU's only in summation order (~sqrt(256) * 2^-24 = 1e-6 relative); the softmax runs
 //    the same math::fast_exp. 1e-4 keeps a wide margin and still catches TF32 (errors ~5e-4).
-//  * bf16, 1e-2: q, k, v, dout and the outputs are stored in bf16 (2^-9 relative per rounding), and
-//    so are P (att) and dS, which feed the second GEMM of each pass. The CPU gets the same rounded
+//  * bf16: q, k, v, dout and the outputs are stored in bf16 (2^-9 relative per rounding), and so
+//    are P (att) and dS, which feed the second GEMM of each pass. The CPU gets the same rounded
 //    inputs, and its backward gets the device's att (the backward's contract takes att as an input).
+//    att: 1e-2 per element (one rounding). out and dqkv: test::ExpectAttentionClose, the flash
+//    tests' rule (normwise under 1e-2; per element 2e-2 forward, 5e-2 backward): out sums T
+//    products with bf16-rounded P, dQ and dK with the bf16-rounded dS, whose rows cancel
+//    (sum_s dS[t][s] = 0), so single small entries exceed 1e-2 of their bound. Seen first in the
+//    CPU emulator (tests/emulator): 2 of 49k dqkv entries at 2.0e-2 (B=2 T=64 C=128), 5 of 197k
+//    outputs above 1e-2 (B=1 T=256 C=768).
 // Outputs are NaN-poisoned: every element of out, att (upper triangle included) and dqkv must be
 // written.
 #include <cmath>
@@ -73,7 +79,8 @@ TEST_P(AttentionCuda, ForwardAndBackwardMatchCpu) {
                                         scratch->data());
     ASSERT_TRUE(st.ok()) << what << ": " << st.ToString();
     const auto got_att = att.Download();
-    test::ExpectClose(out.Download(), want_out, Tol(dt), "attention_forward out " + what);
+    test::ExpectAttentionClose(out.Download(), want_out, dt == DType::kBF16, Tol(dt), 2e-2,
+                               "attention_forward out " + what);
     test::ExpectClose(got_att, want_att, Tol(dt), "attention_forward att " + what);
 
     // Backward, both sides from the device's probabilities.
@@ -85,7 +92,8 @@ TEST_P(AttentionCuda, ForwardAndBackwardMatchCpu) {
     st = cuda::attention_backward(*ctx, dqkv.data(), d_dout.data(), d_qkv.data(), att.data(), s.B, s.T, s.C, s.NH, dt,
                                   scratch->data());
     ASSERT_TRUE(st.ok()) << what << ": " << st.ToString();
-    test::ExpectClose(dqkv.Download(), want_dqkv, Tol(dt), "attention_backward dqkv " + what);
+    test::ExpectAttentionClose(dqkv.Download(), want_dqkv, dt == DType::kBF16, Tol(dt), 5e-2,
+                               "attention_backward dqkv " + what);
   }
 }
 

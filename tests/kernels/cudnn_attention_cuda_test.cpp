@@ -68,15 +68,7 @@ std::vector<float> RandomBf16(size_t n, float scale, uint32_t seed) {
 // Normwise under 1e-2 and per element under `elem` of the RMS-floored bound.
 void ExpectMatchesBf16(const std::vector<float>& got, const std::vector<float>& want, double elem,
                        const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double se = 0, ss = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double e = double(got[i]) - want[i];
-    se += e * e;
-    ss += double(want[i]) * want[i];
-  }
-  EXPECT_LE(std::sqrt(se / std::max(ss, 1e-300)), 1e-2) << what << ": normwise relative error";  // NaN fails
-  test::ExpectClose(got, want, elem, what);
+  test::ExpectAttentionClose(got, want, /*bf16=*/true, 0.0, elem, what);
 }
 
 

@@ -68,20 +68,7 @@ double LseTol(DType dt) { return dt == DType::kF32 ? 1e-4 : 1e-3; }
 // The rule above: fp32 per element at 1e-4; bf16 normwise under 1e-2 and per element under bf16_elem.
 void ExpectMatches(const std::vector<float>& got, const std::vector<float>& want, DType dt, double bf16_elem,
                    const std::string& what) {
-  if (dt == DType::kF32) {
-    test::ExpectClose(got, want, 1e-4, what);
-    return;
-  }
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double se = 0, ss = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double e = double(got[i]) - want[i];
-    se += e * e;
-    ss += double(want[i]) * want[i];
-  }
-  const double normwise = std::sqrt(se / std::max(ss, 1e-300));
-  EXPECT_LE(normwise, 1e-2) << what << ": normwise relative error";  // NaN fails
-  test::ExpectClose(got, want, bf16_elem, what);
+  test::ExpectAttentionClose(got, want, dt == DType::kBF16, 1e-4, bf16_elem, what);
 }
 
 std::vector<float> Random(size_t n, float scale, uint32_t seed, DType dt) {
