@@ -27,7 +27,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kBinary = std::string(TF_BINARY_DIR) + "/trainflow";
+// TRAINFLOW_CLI_BINARY runs the same tests against another build of the binary (CTest's
+// emu.cli_test: trainflow_emu, whose --device auto takes the emulated GPU, tests/emulator).
+const std::string kBinary = std::getenv("TRAINFLOW_CLI_BINARY") != nullptr ? std::getenv("TRAINFLOW_CLI_BINARY")
+                                                                          : std::string(TF_BINARY_DIR) + "/trainflow";
 const std::string kByteTiny = std::string(TF_SOURCE_DIR) + "/configs/model/byte-tiny.json";
 
 std::string Quote(const std::string& s) {
