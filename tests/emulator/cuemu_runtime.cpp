@@ -338,6 +338,18 @@ cudaError_t Misuse(const std::string& what, cudaError_t e) {
   return Record(e);
 }
 
+// CUEMU_ORDER=reverse runs each block's threads last to first between barriers (default: first to
+// last). A thread runs ahead of every thread scheduled after it until its next barrier, so a missing
+// barrier shows up when a thread reads what a later-scheduled thread has not written yet, or
+// overwrites what it has not read yet; the two orders cover the two directions.
+bool ReverseOrder() {
+  static const bool reverse = [] {
+    const char* env = std::getenv("CUEMU_ORDER");
+    return env != nullptr && std::string(env) == "reverse";
+  }();
+  return reverse;
+}
+
 size_t DeviceMemoryBytes() {
   static const size_t bytes = [] {
     const char* env = std::getenv("CUEMU_DEVICE_MEMORY_MB");
@@ -432,17 +444,27 @@ void RunGrid(const void* kernel_id, dim3 grid, dim3 block, size_t smem, cudaStre
           f.stack = FiberStacks().Get(t);
           InitFiber(f, f.stack, b);
         }
+        // Warp by warp: each warp runs until all its threads wait at __syncthreads (or have ended)
+        // before the next warp moves, so warps drift as far apart as a GPU lets them.
         long remaining = threads;
         while (remaining > 0) {
           const uint64_t before = b.progress;
-          remaining = 0;
-          for (long t = 0; t < threads; ++t) {
-            Fiber& f = fibers[t];
-            if (f.done) continue;
-            t_fiber = &f;
-            Resume(f);
-            if (!f.done) ++remaining;
+          for (int wi = 0; wi < n_warps; ++wi) {
+            const int w = ReverseOrder() ? n_warps - 1 - wi : wi;
+            const long first = 32L * w, last = std::min<long>(threads, first + 32);
+            for (;;) {
+              const uint64_t warp_before = b.progress;
+              for (long i = first; i < last; ++i) {
+                Fiber& f = fibers[ReverseOrder() ? last - 1 - (i - first) : i];
+                if (f.done) continue;
+                t_fiber = &f;
+                Resume(f);
+              }
+              if (b.progress == warp_before) break;
+            }
           }
+          remaining = 0;
+          for (long t = 0; t < threads; ++t) remaining += fibers[t].done ? 0 : 1;
           if (remaining > 0 && b.progress == before) {
             t_fiber = nullptr;
             std::fprintf(stderr, "cuemu: deadlock in kernel %p block (%u,%u,%u): %ld threads wait at a barrier that "
@@ -552,11 +574,32 @@ void MmaM16N8K16Bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
   for (int i = 0; i < 4; ++i) c[i] = d[i];
 }
 
+namespace {
+void PerformCopy(const CpCopy& c) {
+  if (c.valid > 0) std::memcpy(c.dst, c.src, c.valid);
+  if (c.valid < c.bytes) std::memset(static_cast<unsigned char*>(c.dst) + c.valid, 0, c.bytes - c.valid);
+}
+// CUEMU_CPASYNC=eager completes each cp.async when it is issued (the earliest the hardware may):
+// a buffer refilled while other threads still read it then shows up. Default ("deferred"): at
+// the covering cp.async.wait_group (the latest): a read before the wait shows up.
+bool EagerCopies() {
+  static const bool eager = [] {
+    const char* env = std::getenv("CUEMU_CPASYNC");
+    return env != nullptr && std::string(env) == "eager";
+  }();
+  return eager;
+}
+}  // namespace
+
 void CpAsync(void* smem, const void* gmem, int bytes, int valid_bytes) {
   if (reinterpret_cast<uintptr_t>(smem) % bytes != 0) Fail("cp.async shared-memory destination misaligned");
   if (!InSmem(smem, bytes)) Fail("cp.async destination outside the block's dynamic shared memory");
   if (valid_bytes > 0 && !InAllocation(gmem, valid_bytes))
     Fail("cp.async reads global memory outside every device allocation");
+  if (EagerCopies()) {
+    PerformCopy(CpCopy{smem, gmem, bytes, valid_bytes, -1});
+    return;
+  }
   t_fiber->copies.push_back(CpCopy{smem, gmem, bytes, valid_bytes, -1});
 }
 void CpAsyncCommit() {
@@ -570,8 +613,7 @@ void CpAsyncWait(int pending) {
   std::vector<CpCopy> keep;
   for (const CpCopy& c : f.copies) {
     if (c.group >= 0 && c.group < complete_below) {
-      if (c.valid > 0) std::memcpy(c.dst, c.src, c.valid);
-      if (c.valid < c.bytes) std::memset(static_cast<unsigned char*>(c.dst) + c.valid, 0, c.bytes - c.valid);
+      PerformCopy(c);
     } else {
       keep.push_back(c);
     }
