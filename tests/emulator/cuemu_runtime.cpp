@@ -11,6 +11,7 @@
 #include <ucontext.h>
 #endif
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -234,6 +235,10 @@ void FiberMain() {
 }
 
 void InitFiber(Fiber& f, unsigned char* stack, Block& b) {
+#if defined(__SANITIZE_ADDRESS__)
+  // A finished fiber never unwinds its frames: clear their redzones before the stack is reused.
+  ASAN_UNPOISON_MEMORY_REGION(stack, kFiberStack);
+#endif
 #if defined(__x86_64__)
   // Stack, from the top: FiberMain as the return address (so that after `ret` the stack pointer is
   // 8 mod 16, as at any function entry), six callee-saved registers, then MXCSR and the x87 control word.
