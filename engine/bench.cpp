@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include "engine/optimizer.h"
+#include "engine/train_backend.h"
 #include "kernels/matmul.h"
 #include "kernels/random.h"
 #include "model/gpt2.h"
@@ -138,14 +139,18 @@ StatusOr<BenchResult> RunCudaBench(const GPT2Config& config, const BenchOptions&
 
 StatusOr<BenchResult> RunBench(const GPT2Config& config, const BenchOptions& o) {
   if (o.steps <= 0 || o.warmup < 0) return Status::InvalidArgument("bench: --steps must be > 0 and --warmup >= 0");
-  if (o.device == "cuda") {
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") {
+    return Status::InvalidArgument("bench: --device must be auto, cpu or cuda, got '{}'", o.device);
+  }
+  if (o.device == "cuda" || (o.device == "auto" && CudaDeviceCount() > 0)) {
 #if defined(TF_WITH_CUDA)
-    return RunCudaBench(config, o);
+    TF_ASSIGN_OR_RETURN(BenchResult r, RunCudaBench(config, o));
+    r.device = "cuda";
+    return r;
 #else
     return Status::Unimplemented("bench: this build has no CUDA backend (configure with the CUDA toolkit)");
 #endif
   }
-  if (o.device != "cpu") return Status::InvalidArgument("bench: --device must be cpu or cuda, got '{}'", o.device);
   if (o.threads > 0) omp_set_num_threads(o.threads);
   TF_ASSIGN_OR_RETURN(std::unique_ptr<GPT2> model, GPT2::Create(config, o.batch, o.seq));
   model->InitWeights(1);
@@ -166,6 +171,7 @@ StatusOr<BenchResult> RunBench(const GPT2Config& config, const BenchOptions& o) 
     if (s >= o.warmup) ms.push_back(dt);
   }
   BenchResult r;
+  r.device = "cpu";
   r.median_ms = Median(ms);
   r.min_ms = *std::min_element(ms.begin(), ms.end());
   r.max_ms = *std::max_element(ms.begin(), ms.end());

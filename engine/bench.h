@@ -13,7 +13,7 @@ namespace tf {
 struct BenchOptions {
   int batch = 4, seq = 64, steps = 20, warmup = 3, threads = 0;
   bool gemm_peak = false;  // also measure the machine's SGEMM rate in the same run (CPU)
-  std::string device = "cpu";  // "cpu" or "cuda"
+  std::string device = "auto";  // "auto" (cuda when a GPU is visible, as `train` does), "cpu" or "cuda"
   std::string dtype = "bf16";  // CUDA storage type: "bf16" or "fp32"
   double peak_tflops = 0;      // CUDA: the device's peak for MFU (0 = H100/H200 dense: bf16 989, fp32 67)
   // CUDA model options (model/gpt2_cuda.h GPT2CudaOptions).
@@ -28,6 +28,7 @@ struct BenchOptions {
 };
 
 struct BenchResult {
+  std::string device;  // the device the steps ran on: "cpu" or "cuda"
   double median_ms = 0, min_ms = 0, max_ms = 0, tokens_per_s = 0, gflops = 0;
   double gemm_peak_gflops = 0;  // 0 when not measured
   double mfu = 0;               // CUDA: achieved FLOP/s over peak_tflops

@@ -206,7 +206,9 @@ int RunCli(int argc, char** argv) {
   bench->add_option("--steps", bopt.steps, "Timed steps")->capture_default_str();
   bench->add_option("--warmup", bopt.warmup, "Untimed warm-up steps")->capture_default_str();
   bench->add_option("--threads", bopt.threads, "OpenMP threads (0 = all)")->capture_default_str();
-  bench->add_option("--device", bopt.device, "cpu or cuda")->capture_default_str();
+  bench->add_option("--device", bopt.device, "auto (cuda when a GPU is visible), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
   bench->add_option("--dtype", bopt.dtype, "CUDA storage type: bf16 or fp32")->capture_default_str();
   bench->add_option("--peak-tflops", bopt.peak_tflops, "CUDA peak for MFU (default H100/H200 dense: bf16 989, fp32 67)");
   bench->add_flag("--gemm-peak", bopt.gemm_peak, "Also measure the SGEMM ceiling (2048^3, the build's GEMM engine)");
@@ -332,15 +334,16 @@ int RunCli(int argc, char** argv) {
     if (!config.ok()) return Fail(config.status());
     auto r = RunBench(*config, bopt);
     if (!r.ok()) return Fail(r.status());
-    fmt::print("bench: {} ({:.1f}M params) B={} T={} threads={}: median {:.2f} ms/step (min {:.2f}, max {:.2f}) "
+    const std::string where = r->device == "cuda" ? "device=cuda" : fmt::format("threads={}", omp_get_max_threads());
+    fmt::print("bench: {} ({:.1f}M params) B={} T={} {}: median {:.2f} ms/step (min {:.2f}, max {:.2f}) "
                "over {} steps after {} warm-up, {:.0f} tokens/s, {:.1f} GFLOP/s (6*params*tokens)\n",
-               model_path, NumParameters(*config) / 1e6, bopt.batch, bopt.seq, omp_get_max_threads(), r->median_ms,
-               r->min_ms, r->max_ms, bopt.steps, bopt.warmup, r->tokens_per_s, r->gflops);
+               model_path, NumParameters(*config) / 1e6, bopt.batch, bopt.seq, where, r->median_ms, r->min_ms,
+               r->max_ms, bopt.steps, bopt.warmup, r->tokens_per_s, r->gflops);
     if (r->gemm_peak_gflops > 0) {
       fmt::print("bench: SGEMM ceiling {:.1f} GFLOP/s ({} 2048^3, median); training step at {:.1f}% of it\n",
                  r->gemm_peak_gflops, cpu::gemm_engine_name(), 100.0 * r->gflops / r->gemm_peak_gflops);
     }
-    if (bopt.device == "cuda") {
+    if (r->device == "cuda") {
       fmt::print("bench: {} on CUDA ({}): MFU {:.1f}% (6*params), {:.1f}% with attention FLOPs (llm.c's count); "
                  "device memory {:.2f} GB planned, {:.2f} GB in use\n",
                  bopt.dtype, r->cuda_options, 100.0 * r->mfu, 100.0 * r->mfu_with_attention, r->planned_gb,

@@ -338,6 +338,9 @@ TEST_F(CliTest, PrepareTrainEvalSampleExportBench) {
   r = Run({"bench", "--model", kByteTiny, "--steps", "2", "--warmup", "1", "--batch-size", "2", "--seq-len", "16"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_NE(r.out.find("BENCH_RESULT ms_per_step="), std::string::npos) << r;
+  // --device defaults to auto (the GPU when one is visible, as for train); others are refused by name.
+  r = Run({"bench", "--model", kByteTiny, "--device", "tpu", "--steps", "1"});
+  ExpectCleanFailure(r, {"--device", "tpu"});
 }
 
 }  // namespace
