@@ -1,6 +1,7 @@
 // CUDA fused softmax + cross-entropy + gradient (kernels/classifier.h), fp32 or bf16 logits.
 //
-// One block per row. Pass 1 reads the row once with an online (running max, running sum of
+// One block per row, 16-byte accesses when Vp and the row pointer allow (scalar otherwise). Pass 1
+// reads the row once with an online (running max, running sum of
 // exp(x - max)) pair per thread, in fp32 with math::fast_exp; the pairs are merged by xor-butterfly
 // shuffles within each warp (lane 0's result is used: FMA contraction may make the lanes differ in the
 // last bit), then lane 0s' pairs are merged in warp order by every thread from shared memory: the
@@ -32,7 +33,20 @@ __device__ __forceinline__ void Merge(float& m, float& s, float m2, float s2) {
   m = mx;
 }
 
-template <typename T>
+// Online (max, sum) update with one logit.
+__device__ __forceinline__ void Accumulate(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * math::fast_exp(m - x) + 1.0f;
+    m = x;
+  } else {
+    s += math::fast_exp(x - m);  // NaN x lands here and propagates through s
+  }
+}
+
+// W logits per access (Vp % W == 0 and 16-byte-aligned rows when W > 1): thread t takes the
+// W-vectors t, t + kBlock, ... of [0, V - V % W) in pass 1, then the last V % W columns one each;
+// pass 2 writes whole vectors over [0, Vp).
+template <typename T, int W>
 __global__ void __launch_bounds__(kBlock)
     CrossEntropyKernel(T* logits, float* losses, const int32_t* targets, int V, int Vp, float dloss) {
   __shared__ float warp_m[kWarps], warp_s[kWarps];
@@ -44,15 +58,13 @@ __global__ void __launch_bounds__(kBlock)
   const float target_logit = threadIdx.x == 0 && target_ok ? ToFloat(z[target]) : NAN;
 
   float m = -FLT_MAX, s = 0.0f;
-  for (int j = threadIdx.x; j < V; j += kBlock) {
-    const float x = ToFloat(z[j]);
-    if (x > m) {
-      s = s * math::fast_exp(m - x) + 1.0f;
-      m = x;
-    } else {
-      s += math::fast_exp(x - m);  // NaN x lands here and propagates through s
-    }
+  const int full = V / W;  // vectors entirely inside [0, V)
+  for (int k = threadIdx.x; k < full; k += kBlock) {
+    const Vec<T, W> zv = LoadVec<W>(z + k * W);
+#pragma unroll
+    for (int e = 0; e < W; ++e) Accumulate(m, s, ToFloat(zv.v[e]));
   }
+  for (int j = full * W + threadIdx.x; j < V; j += kBlock) Accumulate(m, s, ToFloat(z[j]));
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
     Merge(m, s, __shfl_xor_sync(kFullMask, m, offset), __shfl_xor_sync(kFullMask, s, offset));
@@ -69,13 +81,20 @@ __global__ void __launch_bounds__(kBlock)
   if (threadIdx.x == 0) losses[row] = maxv + logf(sum) - target_logit;
   if (dloss == 0.0f) return;
   const float scale = dloss / sum;
-  for (int j = threadIdx.x; j < Vp; j += kBlock) {
-    float g = 0.0f;
-    if (j < V) {
-      g = math::fast_exp(ToFloat(z[j]) - maxv) * scale;
-      if (j == target) g -= dloss;
+  for (int k = threadIdx.x; k < Vp / W; k += kBlock) {
+    const Vec<T, W> zv = LoadVec<W>(z + k * W);
+    Vec<T, W> gv;
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      const int j = k * W + e;
+      float g = 0.0f;
+      if (j < V) {
+        g = math::fast_exp(ToFloat(zv.v[e]) - maxv) * scale;
+        if (j == target) g -= dloss;
+      }
+      gv.v[e] = FromFloat<T>(g);
     }
-    z[j] = FromFloat<T>(g);
+    StoreVec<W>(z + k * W, gv);
   }
 }
 
@@ -92,7 +111,12 @@ Status crossentropy_forward_backward(void* logits, float* losses, const int32_t*
     return InvalidArgument("crossentropy_forward_backward: null pointer");
   }
   return DispatchDType(dt, [&]<typename E>() {
-    CrossEntropyKernel<E><<<N, kBlock, 0, stream>>>(static_cast<E*>(logits), losses, targets, V, Vp, dloss);
+    constexpr int kW = kVec16<E>;
+    if (Vp % kW == 0 && VecAligned(sizeof(E) * kW, logits)) {
+      CrossEntropyKernel<E, kW><<<N, kBlock, 0, stream>>>(static_cast<E*>(logits), losses, targets, V, Vp, dloss);
+    } else {
+      CrossEntropyKernel<E, 1><<<N, kBlock, 0, stream>>>(static_cast<E*>(logits), losses, targets, V, Vp, dloss);
+    }
     return TF_CHECK_LAUNCH("CrossEntropyKernel");
   });
 }

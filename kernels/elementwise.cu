@@ -7,43 +7,69 @@ namespace {
 
 constexpr int kBlock = 256;
 
-template <typename T>
-__global__ void GeluForwardKernel(T* out, const T* inp, long n) {
-  for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
-    out[i] = FromFloat<T>(math::gelu(ToFloat(inp[i])));
+// Element-wise maps, out[i] = op(a[i], b[i]) in fp32 (unary ops ignore b). V elements per access
+// (one 16-byte access for V = kVec16<T>), then the last n % V elements one by one.
+struct GeluOp {
+  static constexpr bool kBinary = false;
+  __device__ float operator()(float x, float) const { return math::gelu(x); }
+};
+struct GeluGradOp {  // a = GELU input, b = dout
+  static constexpr bool kBinary = true;
+  __device__ float operator()(float x, float dy) const { return math::gelu_grad(x) * dy; }
+};
+struct AddOp {
+  static constexpr bool kBinary = true;
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
+
+template <typename T, int V, typename Op>
+__global__ void MapKernel(T* out, const T* a, const T* b, long n, Op op) {
+  const long stride = long(gridDim.x) * blockDim.x;
+  const long tid = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  const long nv = n / V;
+  for (long i = tid; i < nv; i += stride) {
+    const Vec<T, V> x = LoadVec<V>(a + i * V);
+    Vec<T, V> y = x;
+    if constexpr (Op::kBinary) y = LoadVec<V>(b + i * V);
+    Vec<T, V> o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = FromFloat<T>(op(ToFloat(x.v[e]), ToFloat(y.v[e])));
+    StoreVec<V>(out + i * V, o);
+  }
+  for (long i = nv * V + tid; i < n; i += stride) {
+    out[i] = FromFloat<T>(op(ToFloat(a[i]), Op::kBinary ? ToFloat(b[i]) : 0.0f));
   }
 }
 
-template <typename T>
-__global__ void GeluBackwardKernel(T* dinp, const T* inp, const T* dout, long n) {
-  for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
-    dinp[i] = FromFloat<T>(math::gelu_grad(ToFloat(inp[i])) * ToFloat(dout[i]));
-  }
-}
-
-template <typename T>
-__global__ void ResidualKernel(T* out, const T* a, const T* b, long n) {
-  for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
-    out[i] = FromFloat<T>(ToFloat(a[i]) + ToFloat(b[i]));
-  }
-}
-
-template <typename T>
-__global__ void AccumulateKernel(T* dst, const T* src, long n) {
-  for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
-    dst[i] = FromFloat<T>(ToFloat(dst[i]) + ToFloat(src[i]));
-  }
-}
-
-template <typename D, typename S>
+template <typename D, typename S, int V>
 __global__ void ConvertKernel(D* dst, const S* src, long n) {
-  for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
-    dst[i] = FromFloat<D>(ToFloat(src[i]));
+  const long stride = long(gridDim.x) * blockDim.x;
+  const long tid = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  const long nv = n / V;
+  for (long i = tid; i < nv; i += stride) {
+    const Vec<S, V> x = LoadVec<V>(src + i * V);
+    Vec<D, V> o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = FromFloat<D>(ToFloat(x.v[e]));
+    StoreVec<V>(dst + i * V, o);
   }
+  for (long i = nv * V + tid; i < n; i += stride) dst[i] = FromFloat<D>(ToFloat(src[i]));
 }
 
 // Grid-stride loops: at most 64K blocks, enough to fill any current GPU many times over.
 unsigned Grid(long n) { return std::min<unsigned>(CeilDiv(n, kBlock), 65535u); }
+
+// Launches MapKernel with 16-byte accesses when out, a and b allow them.
+template <typename T, typename Op>
+Status LaunchMap(T* out, const T* a, const T* b, long n, Op op, const char* name, cudaStream_t stream) {
+  constexpr int kV = kVec16<T>;
+  if (VecAligned(sizeof(T) * kV, out, a, b)) {
+    MapKernel<T, kV, Op><<<Grid(CeilDiv(n, kV)), kBlock, 0, stream>>>(out, a, b, n, op);
+  } else {
+    MapKernel<T, 1, Op><<<Grid(n), kBlock, 0, stream>>>(out, a, b, n, op);
+  }
+  return TF_CHECK_LAUNCH(name);
+}
 
 Status CheckN(long n, const char* op) {
   if (n < 0) return InvalidArgument(std::string(op) + ": negative element count " + std::to_string(n));
@@ -56,8 +82,8 @@ Status gelu_forward(void* out, const void* inp, long n, DType dt, cudaStream_t s
   TF_RETURN_IF_ERROR(CheckN(n, "gelu_forward"));
   if (n == 0) return Status::OK();
   return DispatchDType(dt, [&]<typename T>() {
-    GeluForwardKernel<T><<<Grid(n), kBlock, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(inp), n);
-    return TF_CHECK_LAUNCH("GeluForwardKernel");
+    return LaunchMap(static_cast<T*>(out), static_cast<const T*>(inp), static_cast<const T*>(nullptr), n, GeluOp{},
+                     "MapKernel<GeluOp>", stream);
   });
 }
 
@@ -65,9 +91,8 @@ Status gelu_backward(void* dinp, const void* inp, const void* dout, long n, DTyp
   TF_RETURN_IF_ERROR(CheckN(n, "gelu_backward"));
   if (n == 0) return Status::OK();
   return DispatchDType(dt, [&]<typename T>() {
-    GeluBackwardKernel<T><<<Grid(n), kBlock, 0, stream>>>(static_cast<T*>(dinp), static_cast<const T*>(inp),
-                                                          static_cast<const T*>(dout), n);
-    return TF_CHECK_LAUNCH("GeluBackwardKernel");
+    return LaunchMap(static_cast<T*>(dinp), static_cast<const T*>(inp), static_cast<const T*>(dout), n, GeluGradOp{},
+                     "MapKernel<GeluGradOp>", stream);
   });
 }
 
@@ -75,9 +100,8 @@ Status residual_forward(void* out, const void* a, const void* b, long n, DType d
   TF_RETURN_IF_ERROR(CheckN(n, "residual_forward"));
   if (n == 0) return Status::OK();
   return DispatchDType(dt, [&]<typename T>() {
-    ResidualKernel<T><<<Grid(n), kBlock, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(a),
-                                                      static_cast<const T*>(b), n);
-    return TF_CHECK_LAUNCH("ResidualKernel");
+    return LaunchMap(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, AddOp{},
+                     "MapKernel<AddOp>", stream);
   });
 }
 
@@ -85,8 +109,8 @@ Status accumulate(void* dst, const void* src, long n, DType dt, cudaStream_t str
   TF_RETURN_IF_ERROR(CheckN(n, "accumulate"));
   if (n == 0) return Status::OK();
   return DispatchDType(dt, [&]<typename T>() {
-    AccumulateKernel<T><<<Grid(n), kBlock, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(src), n);
-    return TF_CHECK_LAUNCH("AccumulateKernel");
+    return LaunchMap(static_cast<T*>(dst), static_cast<const T*>(dst), static_cast<const T*>(src), n, AddOp{},
+                     "MapKernel<AddOp> (accumulate)", stream);
   });
 }
 
@@ -95,7 +119,13 @@ Status convert(void* dst, DType dst_dt, const void* src, DType src_dt, long n, c
   if (n == 0) return Status::OK();
   return DispatchDType(dst_dt, [&]<typename D>() {
     return DispatchDType(src_dt, [&]<typename S>() {
-      ConvertKernel<D, S><<<Grid(n), kBlock, 0, stream>>>(static_cast<D*>(dst), static_cast<const S*>(src), n);
+      constexpr int kV = kVec16<D> < kVec16<S> ? kVec16<D> : kVec16<S>;  // 16 bytes on the wider side
+      if (VecAligned(sizeof(D) * kV, dst) && VecAligned(sizeof(S) * kV, src)) {
+        ConvertKernel<D, S, kV><<<Grid(CeilDiv(n, kV)), kBlock, 0, stream>>>(static_cast<D*>(dst),
+                                                                             static_cast<const S*>(src), n);
+      } else {
+        ConvertKernel<D, S, 1><<<Grid(n), kBlock, 0, stream>>>(static_cast<D*>(dst), static_cast<const S*>(src), n);
+      }
       return TF_CHECK_LAUNCH("ConvertKernel");
     });
   });

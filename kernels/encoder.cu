@@ -40,8 +40,8 @@ constexpr size_t kAlign = 256;
 
 size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// One block per position (b, t); threads stride over the channels (coalesced rows).
-template <typename T>
+// One block per position (b, t); threads stride over the row's V-element vectors (C % V == 0).
+template <typename T, int V>
 __global__ void EncoderForwardKernel(T* out, const int32_t* inp, const T* wte, const T* wpe, int T_, int C) {
   const long bt = blockIdx.x;
   const int tok = inp[bt];
@@ -49,7 +49,13 @@ __global__ void EncoderForwardKernel(T* out, const int32_t* inp, const T* wte, c
   const T* e = wte + long(tok) * C;
   const T* p = wpe + long(bt % T_) * C;
   T* o = out + bt * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = FromFloat<T>(ToFloat(e[c]) + ToFloat(p[c]));
+  for (int k = threadIdx.x; k < C / V; k += blockDim.x) {
+    const Vec<T, V> ev = LoadVec<V>(e + k * V), pv = LoadVec<V>(p + k * V);
+    Vec<T, V> ov;
+#pragma unroll
+    for (int j = 0; j < V; ++j) ov.v[j] = FromFloat<T>(ToFloat(ev.v[j]) + ToFloat(pv.v[j]));
+    StoreVec<V>(o + k * V, ov);
+  }
 }
 
 __global__ void IotaKernel(int32_t* pos, int n) {
@@ -185,8 +191,15 @@ Status encoder_forward(void* out, const int32_t* inp, const void* wte, const voi
     return InvalidArgument("encoder_forward: null pointer");
   }
   return DispatchDType(dt, [&]<typename E>() {
-    EncoderForwardKernel<E><<<B * T, kBlock, 0, stream>>>(static_cast<E*>(out), inp, static_cast<const E*>(wte),
-                                                           static_cast<const E*>(wpe), T, C);
+    constexpr int kV = kVec16<E>;
+    if (C % kV == 0 && VecAligned(sizeof(E) * kV, out, wte, wpe)) {
+      const int threads = std::min<int>(kBlock, static_cast<int>(CeilDiv(C / kV, 32)) * 32);  // no idle warps
+      EncoderForwardKernel<E, kV><<<B * T, threads, 0, stream>>>(
+          static_cast<E*>(out), inp, static_cast<const E*>(wte), static_cast<const E*>(wpe), T, C);
+    } else {
+      EncoderForwardKernel<E, 1><<<B * T, kBlock, 0, stream>>>(static_cast<E*>(out), inp, static_cast<const E*>(wte),
+                                                                static_cast<const E*>(wpe), T, C);
+    }
     return TF_CHECK_LAUNCH("EncoderForwardKernel");
   });
 }

@@ -7,12 +7,14 @@
 // Backward, two kernels, deterministic (no atomics):
 //  1. LayerNormBackwardKernel: block g owns rows [g*kRowsPerBlock, (g+1)*kRowsPerBlock); each of its
 //     W warps takes rows warp, warp+W, ... in order, accumulates dinp for its row, and adds the row's
-//     dweight/dbias terms into its own shared-memory accumulators (lane l owns channels l, l+32, ...:
-//     no sharing). The block then adds its W warp accumulators in warp order and writes the partial
+//     dweight/dbias terms into its own shared-memory accumulators (lane l owns the V-channel vectors
+//     l, l+32, ...: no sharing). The block then adds its W warp accumulators in warp order and writes the partial
 //     sums of dweight and dbias for group g to scratch (2, R, C), R = ceil(N / kRowsPerBlock).
 //  2. ParamGradKernel: per channel, 32 threads each add every 32nd group in order, then one thread
 //     adds those 32 values in order and accumulates into dweight/dbias.
-// W depends only on C, R only on N, so the summation order is fixed by the shape.
+// W depends only on C, R only on N, so the summation order is fixed by the shape (and by whether the
+// 16-byte path is taken: C % 8 == 0 (bf16) or C % 4 == 0 (fp32) with 16-byte-aligned pointers,
+// as every planned model buffer is; otherwise the same kernels run with scalar accesses).
 #include <algorithm>
 
 #include "kernels/cuda_common.cuh"
@@ -37,26 +39,42 @@ __device__ __forceinline__ float WarpSum(float x) {
   return x;
 }
 
-template <typename T>
+// V elements per access (C % V == 0); lane l takes the row's vectors l, l + 32, ...
+template <typename T, int V>
 __global__ void __launch_bounds__(kForwardBlock)
     LayerNormForwardKernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N,
                            int C) {
   const int lane = threadIdx.x % 32;
   const long row = long(blockIdx.x) * (kForwardBlock / 32) + threadIdx.x / 32;
   if (row >= N) return;  // warp-uniform
+  const int CV = C / V;
   const T* x = inp + row * C;
   float sum = 0.0f;
-  for (int c = lane; c < C; c += 32) sum += ToFloat(x[c]);
+  for (int k = lane; k < CV; k += 32) {
+    const Vec<T, V> xv = LoadVec<V>(x + k * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) sum += ToFloat(xv.v[e]);
+  }
   const float m = WarpSum(sum) / C;
   float var = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = ToFloat(x[c]) - m;
-    var += d * d;
+  for (int k = lane; k < CV; k += 32) {
+    const Vec<T, V> xv = LoadVec<V>(x + k * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float d = ToFloat(xv.v[e]) - m;
+      var += d * d;
+    }
   }
   const float s = 1.0f / sqrtf(WarpSum(var) / C + math::kLayerNormEps);
   T* o = out + row * C;
-  for (int c = lane; c < C; c += 32) {
-    o[c] = FromFloat<T>((ToFloat(x[c]) - m) * s * ToFloat(weight[c]) + ToFloat(bias[c]));
+  for (int k = lane; k < CV; k += 32) {
+    const Vec<T, V> xv = LoadVec<V>(x + k * V), wv = LoadVec<V>(weight + k * V), bv = LoadVec<V>(bias + k * V);
+    Vec<T, V> ov;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      ov.v[e] = FromFloat<T>((ToFloat(xv.v[e]) - m) * s * ToFloat(wv.v[e]) + ToFloat(bv.v[e]));
+    }
+    StoreVec<V>(o + k * V, ov);
   }
   if (lane == 0) {
     if (mean != nullptr) mean[row] = m;
@@ -65,17 +83,24 @@ __global__ void __launch_bounds__(kForwardBlock)
 }
 
 // grid R blocks of 32*W threads, dynamic shared memory W*2*C floats; partial (2, R, C).
-template <typename T>
+// V elements per access (C % V == 0); lane l takes vectors l, l + 32, ... of each row. A warp's
+// shared accumulators are stored element-major (channel k*V + e at e*(C/V) + k) so that the 32
+// lanes touch 32 consecutive words (no bank conflicts) for any V.
+template <typename T, int V>
 __global__ void __launch_bounds__(32 * kMaxWarps)
     LayerNormBackwardKernel(T* dinp, float* partial, const T* dout, const T* inp, const T* weight, const float* mean,
                             const float* rstd, int N, int C) {
   extern __shared__ float shared[];
   const int W = blockDim.x / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int CV = C / V;
   float* dw_acc = shared + 2L * warp * C;
   float* db_acc = dw_acc + C;
-  for (int c = lane; c < C; c += 32) dw_acc[c] = db_acc[c] = 0.0f;
-  // (Each lane only ever touches its own channels of its warp's arrays: no barrier needed here.)
+  for (int k = lane; k < CV; k += 32) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) dw_acc[e * CV + k] = db_acc[e * CV + k] = 0.0f;
+  }
+  // (Each lane only ever touches its own slots of its warp's arrays: no barrier needed here.)
 
   const long r0 = long(blockIdx.x) * kRowsPerBlock;
   const long r1 = r0 + kRowsPerBlock < N ? r0 + kRowsPerBlock : N;
@@ -85,30 +110,41 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
     T* dx = dinp + i * C;
     const float m = mean[i], s = rstd[i];
     float sum_g = 0.0f, sum_gx = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-      const float d = ToFloat(dy[c]);
-      const float g = ToFloat(weight[c]) * d;  // dL/dxhat
-      const float xhat = (ToFloat(x[c]) - m) * s;
-      sum_g += g;
-      sum_gx += g * xhat;
-      dw_acc[c] += xhat * d;
-      db_acc[c] += d;
+    for (int k = lane; k < CV; k += 32) {
+      const Vec<T, V> dv = LoadVec<V>(dy + k * V), wv = LoadVec<V>(weight + k * V), xv = LoadVec<V>(x + k * V);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = ToFloat(dv.v[e]);
+        const float g = ToFloat(wv.v[e]) * d;  // dL/dxhat
+        const float xhat = (ToFloat(xv.v[e]) - m) * s;
+        sum_g += g;
+        sum_gx += g * xhat;
+        dw_acc[e * CV + k] += xhat * d;
+        db_acc[e * CV + k] += d;
+      }
     }
     const float mean_g = WarpSum(sum_g) / C;
     const float mean_gx = WarpSum(sum_gx) / C;
-    for (int c = lane; c < C; c += 32) {
-      const float xhat = (ToFloat(x[c]) - m) * s;
-      const float g = ToFloat(weight[c]) * ToFloat(dy[c]);
-      dx[c] = FromFloat<T>(ToFloat(dx[c]) + s * (g - mean_g - xhat * mean_gx));
+    for (int k = lane; k < CV; k += 32) {
+      const Vec<T, V> dv = LoadVec<V>(dy + k * V), wv = LoadVec<V>(weight + k * V), xv = LoadVec<V>(x + k * V);
+      Vec<T, V> dxv = LoadVec<V>(dx + k * V);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float xhat = (ToFloat(xv.v[e]) - m) * s;
+        const float g = ToFloat(wv.v[e]) * ToFloat(dv.v[e]);
+        dxv.v[e] = FromFloat<T>(ToFloat(dxv.v[e]) + s * (g - mean_g - xhat * mean_gx));
+      }
+      StoreVec<V>(dx + k * V, dxv);
     }
   }
   __syncthreads();
   const long R = gridDim.x;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const int slot = (c % V) * CV + c / V;
     float dw = 0.0f, db = 0.0f;
     for (int w = 0; w < W; ++w) {
-      dw += shared[2L * w * C + c];
-      db += shared[2L * w * C + C + c];
+      dw += shared[2L * w * C + slot];
+      db += shared[2L * w * C + C + slot];
     }
     partial[blockIdx.x * long(C) + c] = dw;
     partial[(R + blockIdx.x) * C + c] = db;
@@ -163,9 +199,17 @@ Status layernorm_forward(void* out, float* mean, float* rstd, const void* inp, c
     return InvalidArgument("layernorm_forward: null pointer");
   }
   return DispatchDType(dt, [&]<typename E>() {
-    LayerNormForwardKernel<E><<<CeilDiv(N, kForwardBlock / 32), kForwardBlock, 0, stream>>>(
-        static_cast<E*>(out), mean, rstd, static_cast<const E*>(inp), static_cast<const E*>(weight),
-        static_cast<const E*>(bias), N, C);
+    constexpr int kV = kVec16<E>;
+    const unsigned grid = CeilDiv(N, kForwardBlock / 32);
+    if (C % kV == 0 && VecAligned(sizeof(E) * kV, out, inp, weight, bias)) {
+      LayerNormForwardKernel<E, kV><<<grid, kForwardBlock, 0, stream>>>(
+          static_cast<E*>(out), mean, rstd, static_cast<const E*>(inp), static_cast<const E*>(weight),
+          static_cast<const E*>(bias), N, C);
+    } else {
+      LayerNormForwardKernel<E, 1><<<grid, kForwardBlock, 0, stream>>>(
+          static_cast<E*>(out), mean, rstd, static_cast<const E*>(inp), static_cast<const E*>(weight),
+          static_cast<const E*>(bias), N, C);
+    }
     return TF_CHECK_LAUNCH("LayerNormForwardKernel");
   });
 }
@@ -196,9 +240,16 @@ Status layernorm_backward(void* dinp, void* dweight, void* dbias, const void* do
   const unsigned R = CeilDiv(N, kRowsPerBlock);
   const size_t shared_bytes = size_t(warps) * 2 * C * sizeof(float);
   return DispatchDType(dt, [&]<typename E>() -> Status {
-    LayerNormBackwardKernel<E><<<R, 32 * warps, shared_bytes, stream>>>(
-        static_cast<E*>(dinp), scratch, static_cast<const E*>(dout), static_cast<const E*>(inp),
-        static_cast<const E*>(weight), mean, rstd, N, C);
+    constexpr int kV = kVec16<E>;
+    if (C % kV == 0 && VecAligned(sizeof(E) * kV, dinp, dout, inp, weight)) {
+      LayerNormBackwardKernel<E, kV><<<R, 32 * warps, shared_bytes, stream>>>(
+          static_cast<E*>(dinp), scratch, static_cast<const E*>(dout), static_cast<const E*>(inp),
+          static_cast<const E*>(weight), mean, rstd, N, C);
+    } else {
+      LayerNormBackwardKernel<E, 1><<<R, 32 * warps, shared_bytes, stream>>>(
+          static_cast<E*>(dinp), scratch, static_cast<const E*>(dout), static_cast<const E*>(inp),
+          static_cast<const E*>(weight), mean, rstd, N, C);
+    }
     TF_RETURN_IF_ERROR(TF_CHECK_LAUNCH("LayerNormBackwardKernel"));
     ParamGradKernel<E><<<CeilDiv(C, 32), dim3(32, 32), 0, stream>>>(static_cast<E*>(dweight), static_cast<E*>(dbias),
                                                                    scratch, static_cast<int>(R), C);

@@ -14,8 +14,9 @@
 // adamw_step: one thread per parameter (grid-stride), math::adamw_update on the fp32 master.
 // adamw_step_ranges: the same update over the whole flat buffer in one launch (a model has ~100
 // decay runs; one launch each costs a few microseconds of GPU time per run). Block b owns the chunk
-// [b * kAdamChunk, (b + 1) * kAdamChunk); its threads find the chunk's first run by binary search
-// over range_ends (identical for every thread of the block) and walk forward from there. The clip
+// [b * kAdamChunk, (b + 1) * kAdamChunk) (4 parameters per access when aligned); its threads find
+// the chunk's first run by binary search over range_ends (identical for every thread of the block)
+// and walk forward from there. The clip
 // factor is evaluated per thread from the device sum of squares, so the step needs no host
 // synchronisation between the norm and the update.
 #include <algorithm>
@@ -94,7 +95,10 @@ __global__ void AdamWKernel(float* master, float* m, float* v, const G* grads, P
 
 constexpr long kAdamChunk = 4096;
 
-template <typename G, typename P>
+// V parameters per access (V = 4: 16-byte fp32 loads of master/m/v) when the pointers allow; the
+// chunk start is a multiple of kAdamChunk, so every thread's vectors are aligned too. Each element
+// still finds its own run (runs need not start on a vector boundary).
+template <typename G, typename P, int V>
 __global__ void __launch_bounds__(kBlock)
     AdamWRangesKernel(float* master, float* m, float* v, const G* grads, P* params_out, long n,
                       const int64_t* range_ends, const uint8_t* range_decay, int ranges, const double* grad_sum_squares,
@@ -113,13 +117,35 @@ __global__ void __launch_bounds__(kBlock)
   int r = lo;
   long run_end = range_ends[r];
   h.weight_decay = range_decay[r] ? decay : 0.0f;
-  for (long i = begin + threadIdx.x; i < end; i += kBlock) {
+  // Moves to the run holding element i (i never decreases within a thread).
+  auto seek = [&](long i) {
     while (i >= run_end && r < ranges - 1) {
       ++r;
       run_end = range_ends[r];
       h.weight_decay = range_decay[r] ? decay : 0.0f;
     }
-    AdamWElement(master, m, v, grads, params_out, i, scale, h);
+  };
+  for (long i = begin + long(threadIdx.x) * V; i < end; i += long(kBlock) * V) {
+    if (i + V > end) {  // the buffer's last, partial vector
+      for (long j = i; j < end; ++j) {
+        seek(j);
+        AdamWElement(master, m, v, grads, params_out, j, scale, h);
+      }
+      break;
+    }
+    Vec<float, V> pv = LoadVec<V>(master + i), mv = LoadVec<V>(m + i), vv = LoadVec<V>(v + i);
+    const Vec<G, V> gv = LoadVec<V>(grads + i);
+    Vec<P, V> ov;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      seek(i + e);
+      math::adamw_update(pv.v[e], mv.v[e], vv.v[e], ToFloat(gv.v[e]) * scale, h);
+      ov.v[e] = FromFloat<P>(pv.v[e]);
+    }
+    StoreVec<V>(master + i, pv);
+    StoreVec<V>(m + i, mv);
+    StoreVec<V>(v + i, vv);
+    if (params_out != nullptr) StoreVec<V>(params_out + i, ov);
   }
 }
 
@@ -194,9 +220,17 @@ Status adamw_step_ranges(float* master, float* m, float* v, const void* grads, v
   if (blocks > 0x7fffffffL) return InvalidArgument("adamw_step_ranges: too many elements");
   return DispatchDType(grad_dt, [&]<typename G>() {
     return DispatchDType(param_dt, [&]<typename P>() {
-      AdamWRangesKernel<G, P><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
-          master, m, v, static_cast<const G*>(grads), static_cast<P*>(params_out), n, range_ends, range_decay, ranges,
-          grad_sum_squares, grad_clip, h);
+      constexpr int kV = 4;
+      if (VecAligned(sizeof(float) * kV, master, m, v) && VecAligned(sizeof(G) * kV, grads) &&
+          VecAligned(sizeof(P) * kV, params_out)) {
+        AdamWRangesKernel<G, P, kV><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
+            master, m, v, static_cast<const G*>(grads), static_cast<P*>(params_out), n, range_ends, range_decay,
+            ranges, grad_sum_squares, grad_clip, h);
+      } else {
+        AdamWRangesKernel<G, P, 1><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
+            master, m, v, static_cast<const G*>(grads), static_cast<P*>(params_out), n, range_ends, range_decay,
+            ranges, grad_sum_squares, grad_clip, h);
+      }
       return TF_CHECK_LAUNCH("AdamWRangesKernel");
     });
   });

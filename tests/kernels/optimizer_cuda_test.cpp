@@ -146,7 +146,8 @@ TEST_P(OptimizerCuda, AdamWRejectsBadArguments) {
 // The one-launch AdamW over decay runs with the clip factor computed on the device, against the
 // CPU AdamW (the same runs, clip formula and per-element math), clipping on and off; runs of odd
 // lengths (1, chunk-straddling, many per chunk) and a bf16 working copy.
-void CheckAdamWRanges(cuda::DType dt, const std::vector<int64_t>& lengths, double clip) {
+// shift = 1 offsets every device pointer by one element (not 16-byte aligned: the scalar path).
+void CheckAdamWRanges(cuda::DType dt, const std::vector<int64_t>& lengths, double clip, int shift = 0) {
   std::vector<DecayRange> runs;
   int64_t n = 0;
   for (size_t r = 0; r < lengths.size(); ++r) {
@@ -154,7 +155,8 @@ void CheckAdamWRanges(cuda::DType dt, const std::vector<int64_t>& lengths, doubl
     n += lengths[r];
   }
   const std::string what = std::string("adamw_ranges ") + cuda::DTypeName(dt) + " n=" + std::to_string(n) +
-                           " runs=" + std::to_string(runs.size()) + " clip=" + std::to_string(clip);
+                           " runs=" + std::to_string(runs.size()) + " clip=" + std::to_string(clip) +
+                           " shift=" + std::to_string(shift);
   auto master = test::RandomVector(n, 0.02f, 5);
   auto m = test::RandomVector(n, 1e-3f, 6);
   auto v = test::RandomVector(n, 1e-3f, 7);
@@ -171,16 +173,26 @@ void CheckAdamWRanges(cuda::DType dt, const std::vector<int64_t>& lengths, doubl
   auto d_table = cuda::DeviceBuffer::Allocate(table.size());
   ASSERT_TRUE(d_table.ok());
   ASSERT_EQ(cudaMemcpy(d_table->data(), table.data(), table.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  DeviceArray d_master(master, kF32), d_m(m, kF32), d_v(v, kF32), d_grads(grads, dt);
-  auto d_out = DeviceArray::Poisoned(n, dt);
-  const double sum_sq = DeviceSumSquares(d_grads, n, dt);
+  auto pad = [&](const std::vector<float>& x, float fill) {
+    std::vector<float> p(size_t(shift), fill);
+    p.insert(p.end(), x.begin(), x.end());
+    return p;
+  };
+  auto unpad = [&](const std::vector<float>& x) { return std::vector<float>(x.begin() + shift, x.end()); };
+  auto at = [&](const DeviceArray& a, cuda::DType t) {
+    return static_cast<void*>(static_cast<char*>(a.data()) + shift * cuda::DTypeSize(t));
+  };
+  DeviceArray d_master(pad(master, 0.0f), kF32), d_m(pad(m, 0.0f), kF32), d_v(pad(v, 0.0f), kF32),
+      d_grads(pad(grads, 0.0f), dt);
+  auto d_out = DeviceArray::Poisoned(n + shift, dt);
+  const double sum_sq = DeviceSumSquares(d_grads, n + shift, dt);  // (the padding is 0)
   auto d_sum = cuda::DeviceBuffer::Allocate(sizeof(double));
   ASSERT_TRUE(d_sum.ok());
   ASSERT_EQ(cudaMemcpy(d_sum->data(), &sum_sq, sizeof(double), cudaMemcpyHostToDevice), cudaSuccess);
-  void* out = dt == kF32 ? d_master.data() : d_out.data();
+  void* out = dt == kF32 ? at(d_master, kF32) : at(d_out, dt);
   const Status st = cuda::adamw_step_ranges(
-      static_cast<float*>(d_master.data()), static_cast<float*>(d_m.data()), static_cast<float*>(d_v.data()),
-      d_grads.data(), out, n, static_cast<const int64_t*>(d_table->data()),
+      static_cast<float*>(at(d_master, kF32)), static_cast<float*>(at(d_m, kF32)), static_cast<float*>(at(d_v, kF32)),
+      at(d_grads, dt), out, n, static_cast<const int64_t*>(d_table->data()),
       static_cast<const uint8_t*>(d_table->data()) + runs.size() * 8, static_cast<int>(runs.size()),
       d_sum->as<double>(), clip, h, dt, dt, nullptr);
   ASSERT_TRUE(st.ok()) << what << ": " << st.ToString();
@@ -192,11 +204,11 @@ void CheckAdamWRanges(cuda::DType dt, const std::vector<int64_t>& lengths, doubl
     cpu::adamw_step(master.data() + r.begin, m.data() + r.begin, v.data() + r.begin, grads.data() + r.begin,
                     r.end - r.begin, scale, hr);
   }
-  const auto got_master = d_master.Download();
+  const auto got_master = unpad(d_master.Download());
   test::ExpectClose(got_master, master, test::Tolerance(kF32), what + " master");
-  test::ExpectClose(d_m.Download(), m, test::Tolerance(kF32), what + " m");
-  test::ExpectClose(d_v.Download(), v, test::Tolerance(kF32), what + " v");
-  if (dt != kF32) test::ExpectClose(d_out.Download(), Stored(got_master, dt), 0.0, what + " params_out");
+  test::ExpectClose(unpad(d_m.Download()), m, test::Tolerance(kF32), what + " m");
+  test::ExpectClose(unpad(d_v.Download()), v, test::Tolerance(kF32), what + " v");
+  if (dt != kF32) test::ExpectClose(unpad(d_out.Download()), Stored(got_master, dt), 0.0, what + " params_out");
 }
 
 TEST_P(OptimizerCuda, AdamWRangesMatchesCpu) {
@@ -207,6 +219,7 @@ TEST_P(OptimizerCuda, AdamWRangesMatchesCpu) {
   CheckAdamWRanges(dt, {(1 << 20) + 3}, 1e-3);
   std::vector<int64_t> many(300, 5);  // many runs inside one chunk
   CheckAdamWRanges(dt, many, 1e-3);
+  CheckAdamWRanges(dt, odd, 1e-3, /*shift=*/1);  // misaligned pointers: the one-element-per-access path
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, OptimizerCuda, ::testing::Values(cuda::DType::kF32, cuda::DType::kBF16),
