@@ -6,15 +6,17 @@
 //     stable, so positions sharing a token stay in increasing order; and since the pairs are distinct
 //     the sorted sequence is unique, whatever the device or launch configuration (cub's internal
 //     look-back atomics cannot change it).
-//  3. WteGradKernel: one warp per (sorted index i, 128-channel slice). Only the warp whose i starts a
-//     run of equal tokens works: it reads dwte[token, slice] once, adds dout[p, slice] for every
+//  3. WteGradKernel: one warp per (sorted index i, 128-channel slice; each lane 4 contiguous
+//     channels, one 8/16-byte access, when C % 4 == 0 and the buffers are 16-byte aligned). Only
+//     the warp whose i starts a run of equal tokens works: it reads dwte[token, slice] once, adds dout[p, slice] for every
 //     position p of the run in position order (the lanes fetch 32 positions at a time, broadcast
 //     them, and prefetch their rows into L2 one such chunk ahead), and writes the row back once. Each
 //     dwte element therefore has exactly one writer and is summed as ((dwte + d_p0) + d_p1) + ...,
 //     the CPU's order: fp32 results are bit-identical to cpu::encoder_backward. A hot token is
 //     handled by C/128 warps each walking its whole run: a dependent chain of `count` row loads,
 //     8 in flight, served from L2 by the prefetch (a token on ~1000 of 16K positions: tens of us).
-//  4. WpeGradKernel: one thread per (t, c) adds dout[b, t, c] for b = 0..B-1 in order (CPU order).
+//  4. WpeGradKernel: one thread per (t, c) (per 16-byte vector of c when aligned) adds dout[b, t, c]
+//     for b = 0..B-1 in order (CPU order).
 #if !defined(TRAINFLOW_CUDA_EMULATION)  // tests/emulator provides a stable-sort cub::DeviceRadixSort
 #include <cub/device/device_radix_sort.cuh>
 #endif
@@ -76,28 +78,48 @@ __device__ __forceinline__ void PrefetchSlice(const T* row, int cs, int ce) {
 }
 
 // grid (CeilDiv(N, kWarpsPerBlock), CeilDiv(C, kSlice)), kBlock threads. sorted_tok/sorted_pos (N).
-template <typename T>
+// V = 1: lane l owns channels cs + l + 32j (j < kChannelsPerLane); V = kChannelsPerLane (C % V == 0,
+// aligned rows): lane l owns the V contiguous channels cs + l*V + j, moved by one access each.
+template <typename T, int V>
 __global__ void __launch_bounds__(kBlock)
     WteGradKernel(T* dwte, const T* dout, const int32_t* sorted_tok, const int32_t* sorted_pos, int N, int C) {
+  static_assert(V == 1 || V == kChannelsPerLane);
   const int lane = threadIdx.x % 32;
   const long i = long(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (i >= N) return;  // warp-uniform
   const int tok = sorted_tok[i];
   if (tok < 0 || (i > 0 && sorted_tok[i - 1] == tok)) return;  // not the first of its run (warp-uniform)
-  const int c0 = blockIdx.y * kSlice + lane;
+  const int cs = blockIdx.y * kSlice, ce = min(C, cs + kSlice);
+  // Channel j of this lane.
+  auto channel = [&](int j) { return V == 1 ? cs + lane + 32 * j : cs + lane * V + j; };
+  // Adds row[channel(j)] for every j into acc (set = true: assigns).
+  auto add_row = [&](float* acc, const T* row, bool set) {
+    if constexpr (V == 1) {
+#pragma unroll
+      for (int j = 0; j < kChannelsPerLane; ++j) {
+        const int c = channel(j);
+        const float x = c < C ? ToFloat(row[c]) : 0.0f;
+        acc[j] = set ? x : acc[j] + x;
+      }
+    } else {
+      if (channel(0) < C) {  // the whole vector is inside the row (C % V == 0)
+        const Vec<T, V> xv = LoadVec<V>(row + channel(0));
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = set ? ToFloat(xv.v[j]) : acc[j] + ToFloat(xv.v[j]);
+      } else if (set) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = 0.0f;
+      }
+    }
+  };
 
   T* row = dwte + long(tok) * C;
   float acc[kChannelsPerLane];
-#pragma unroll
-  for (int j = 0; j < kChannelsPerLane; ++j) {
-    const int c = c0 + 32 * j;
-    acc[j] = c < C ? ToFloat(row[c]) : 0.0f;
-  }
+  add_row(acc, row, true);
   // The run is sorted_tok[i .. i+len); walk it 32 entries ("a chunk") at a time. The entries of the
   // run form a prefix of each chunk (the array is sorted), so the count is the ballot's popcount.
   // Each lane prefetches (to L2) the slice of its entry's dout row, one chunk ahead of the
   // sequential summation, so a hot token's walk is bound by L2 rather than DRAM latency.
-  const int cs = blockIdx.y * kSlice, ce = min(C, cs + kSlice);
   long k0 = i;
   int pos = 0, count = 0;
   {
@@ -122,34 +144,47 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll 8
     for (int l = 0; l < count; ++l) {
       const long p = __shfl_sync(kFullMask, pos, l);
-      const T* d = dout + p * C;
-#pragma unroll
-      for (int j = 0; j < kChannelsPerLane; ++j) {
-        const int c = c0 + 32 * j;
-        if (c < C) acc[j] += ToFloat(d[c]);
-      }
+      add_row(acc, dout + p * C, false);
     }
     if (count < 32) break;  // warp-uniform: the run ended in this chunk
     k0 += 32;
     pos = next_pos;
     count = next_count;
   }
+  if constexpr (V == 1) {
 #pragma unroll
-  for (int j = 0; j < kChannelsPerLane; ++j) {
-    const int c = c0 + 32 * j;
-    if (c < C) row[c] = FromFloat<T>(acc[j]);
+    for (int j = 0; j < kChannelsPerLane; ++j) {
+      const int c = channel(j);
+      if (c < C) row[c] = FromFloat<T>(acc[j]);
+    }
+  } else if (channel(0) < C) {
+    Vec<T, V> ov;
+#pragma unroll
+    for (int j = 0; j < V; ++j) ov.v[j] = FromFloat<T>(acc[j]);
+    StoreVec<V>(row + channel(0), ov);
   }
 }
 
-// One thread per (t, c) of dwpe (T, C): dwpe[t, c] += sum_b dout[b, t, c], b ascending.
-template <typename T>
+// One thread per (t, V channels) of dwpe (T, C): dwpe[t, c] += sum_b dout[b, t, c], b ascending.
+template <typename T, int V>
 __global__ void WpeGradKernel(T* dwpe, const T* dout, int B, int T_, int C) {
   const long tc_count = long(T_) * C;
-  for (long tc = blockIdx.x * long(blockDim.x) + threadIdx.x; tc < tc_count; tc += long(gridDim.x) * blockDim.x) {
-    float acc = ToFloat(dwpe[tc]);
+  for (long q = blockIdx.x * long(blockDim.x) + threadIdx.x; q < tc_count / V; q += long(gridDim.x) * blockDim.x) {
+    const long tc = q * V;
+    const Vec<T, V> w = LoadVec<V>(dwpe + tc);
+    float acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = ToFloat(w.v[e]);
 #pragma unroll 4
-    for (int b = 0; b < B; ++b) acc += ToFloat(dout[b * tc_count + tc]);
-    dwpe[tc] = FromFloat<T>(acc);
+    for (int b = 0; b < B; ++b) {
+      const Vec<T, V> d = LoadVec<V>(dout + b * tc_count + tc);
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] += ToFloat(d.v[e]);
+    }
+    Vec<T, V> o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = FromFloat<T>(acc[e]);
+    StoreVec<V>(dwpe + tc, o);
   }
 }
 
@@ -242,11 +277,23 @@ Status encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t*
       cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, inp, sorted_tok, pos, sorted_pos, n, 0, 32, stream));
   return DispatchDType(dt, [&]<typename E>() -> Status {
     const dim3 grid(CeilDiv(n, kWarpsPerBlock), CeilDiv(C, kSlice));
-    WteGradKernel<E><<<grid, kBlock, 0, stream>>>(static_cast<E*>(dwte), static_cast<const E*>(dout), sorted_tok,
-                                                  sorted_pos, n, C);
+    constexpr int kV = kVec16<E>;
+    const bool wide = VecAligned(16, dwte, dwpe, dout);  // (then rows are aligned when C % V == 0)
+    if (wide && C % kChannelsPerLane == 0) {
+      WteGradKernel<E, kChannelsPerLane><<<grid, kBlock, 0, stream>>>(
+          static_cast<E*>(dwte), static_cast<const E*>(dout), sorted_tok, sorted_pos, n, C);
+    } else {
+      WteGradKernel<E, 1><<<grid, kBlock, 0, stream>>>(static_cast<E*>(dwte), static_cast<const E*>(dout), sorted_tok,
+                                                       sorted_pos, n, C);
+    }
     TF_RETURN_IF_ERROR(TF_CHECK_LAUNCH("WteGradKernel"));
-    WpeGradKernel<E><<<Grid(static_cast<long>(T) * C), kBlock, 0, stream>>>(static_cast<E*>(dwpe),
-                                                                            static_cast<const E*>(dout), B, T, C);
+    const long tc = static_cast<long>(T) * C;
+    if (wide && C % kV == 0) {
+      WpeGradKernel<E, kV><<<Grid(tc / kV), kBlock, 0, stream>>>(static_cast<E*>(dwpe), static_cast<const E*>(dout),
+                                                                B, T, C);
+    } else {
+      WpeGradKernel<E, 1><<<Grid(tc), kBlock, 0, stream>>>(static_cast<E*>(dwpe), static_cast<const E*>(dout), B, T, C);
+    }
     return TF_CHECK_LAUNCH("WpeGradKernel");
   });
 }

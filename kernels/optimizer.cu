@@ -3,7 +3,8 @@
 // sum_squares, deterministic two-stage reduction without atomics or host synchronisation:
 //  1. SumSquaresPartialKernel: P = min(kMaxPartials, ceil(n / kBlock)) blocks (a function of n only,
 //     never of the device) of kBlock threads; thread k of the grid sums g[k], g[k + P*kBlock], ... in
-//     fp32, and the block adds its threads' sums in double by a fixed shuffle tree into partial[block].
+//     fp32 (with 16-byte-aligned g: the 16-byte vectors k, k + P*kBlock, ..., then the n % V tail
+//     elements one per thread), and the block adds its threads' sums in double by a fixed shuffle tree into partial[block].
 //  2. SumSquaresFinalKernel: one block adds the P partials in double (fixed strided subsets, then the
 //     same fixed tree) and writes the result.
 //  Precision: each thread sums at most ceil(n / (P*kBlock)) non-negative terms (~475 for GPT-2 124M),
@@ -48,15 +49,20 @@ __device__ double BlockSum(double x) {
   return total;
 }
 
-template <typename T>
+// V elements per access (16-byte-aligned g): thread k sums vectors k, k + P*kBlock, ..., then the
+// last n % V elements go one each to the first threads of the grid.
+template <typename T, int V>
 __global__ void __launch_bounds__(kBlock) SumSquaresPartialKernel(const T* g, long n, double* partial) {
   const long stride = long(gridDim.x) * kBlock;
+  const long tid = blockIdx.x * long(kBlock) + threadIdx.x;
   float acc = 0.0f;
-#pragma unroll 8
-  for (long i = blockIdx.x * long(kBlock) + threadIdx.x; i < n; i += stride) {
-    const float x = ToFloat(g[i]);
-    acc += x * x;
+#pragma unroll 4
+  for (long q = tid; q < n / V; q += stride) {
+    const Vec<T, V> x = LoadVec<V>(g + q * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc += ToFloat(x.v[e]) * ToFloat(x.v[e]);
   }
+  for (long i = n / V * V + tid; i < n; i += stride) acc += ToFloat(g[i]) * ToFloat(g[i]);
   const double total = BlockSum(static_cast<double>(acc));
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
@@ -174,7 +180,11 @@ Status sum_squares(const void* g, long n, DType dt, double* result_device, void*
   double* partial = static_cast<double*>(scratch);
   const int count = Partials(n);
   return DispatchDType(dt, [&]<typename E>() -> Status {
-    SumSquaresPartialKernel<E><<<count, kBlock, 0, stream>>>(static_cast<const E*>(g), n, partial);
+    if (VecAligned(16, g)) {
+      SumSquaresPartialKernel<E, kVec16<E>><<<count, kBlock, 0, stream>>>(static_cast<const E*>(g), n, partial);
+    } else {
+      SumSquaresPartialKernel<E, 1><<<count, kBlock, 0, stream>>>(static_cast<const E*>(g), n, partial);
+    }
     TF_RETURN_IF_ERROR(TF_CHECK_LAUNCH("SumSquaresPartialKernel"));
     SumSquaresFinalKernel<<<1, kBlock, 0, stream>>>(partial, count, result_device);
     return TF_CHECK_LAUNCH("SumSquaresFinalKernel");

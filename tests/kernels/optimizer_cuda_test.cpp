@@ -25,15 +25,16 @@ std::vector<float> Stored(const std::vector<float>& v, cuda::DType dt) {
   return dt == cuda::DType::kBF16 ? test::RoundBf16(v) : v;
 }
 
-// Runs the device sum_squares and returns *result_device.
-double DeviceSumSquares(const DeviceArray& g, long n, cuda::DType dt) {
+// Runs the device sum_squares over n elements from element `shift` of g and returns *result_device.
+double DeviceSumSquares(const DeviceArray& g, long n, cuda::DType dt, int shift = 0) {
   const size_t bytes = cuda::sum_squares_scratch_bytes(n);
   auto scratch = cuda::DeviceBuffer::Allocate(bytes);
   auto result = cuda::DeviceBuffer::Allocate(sizeof(double));
   EXPECT_TRUE(scratch.ok() && result.ok());
   const double poison = NAN;
   EXPECT_EQ(cudaMemcpy(result->data(), &poison, sizeof(double), cudaMemcpyHostToDevice), cudaSuccess);
-  const Status st = cuda::sum_squares(g.data(), n, dt, result->as<double>(), scratch->data(), bytes, nullptr);
+  const void* data = static_cast<const char*>(g.data()) + shift * cuda::DTypeSize(dt);
+  const Status st = cuda::sum_squares(data, n, dt, result->as<double>(), scratch->data(), bytes, nullptr);
   EXPECT_TRUE(st.ok()) << st.ToString();
   double got = NAN;
   EXPECT_EQ(cudaMemcpy(&got, result->data(), sizeof(double), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -55,6 +56,10 @@ TEST_P(OptimizerCuda, SumSquaresMatchesCpuDeterministically) {
     EXPECT_NEAR(got, want, 1e-5 * want) << "n=" << n;
     const double again = DeviceSumSquares(dg, n, dt);
     EXPECT_EQ(std::memcmp(&got, &again, sizeof(double)), 0) << "n=" << n << ": runs differ " << got << " " << again;
+    // From a pointer one element off 16-byte alignment (the one-element-per-access path).
+    std::vector<float> shifted = {1e3f};
+    shifted.insert(shifted.end(), g.begin(), g.end());
+    EXPECT_NEAR(DeviceSumSquares(DeviceArray(shifted, dt), n, dt, 1), want, 1e-5 * want) << "n=" << n << " shifted";
   }
   // n = 0 writes 0 (over a NaN poison).
   DeviceArray empty(std::vector<float>(1, 1.0f), dt);
