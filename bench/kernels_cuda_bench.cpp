@@ -3,7 +3,8 @@
 //
 // Shapes: B = 16, T = 1024 (N = B*T = 16384 rows), C = 768, vocabulary V = 50257 padded to
 // Vp = 50304, 124,475,904 parameters (padded vocabulary) for the optimizer. Every kernel runs with
-// fp32 and with bf16 storage (arg "bf16").
+// fp32 and with bf16 storage (arg "bf16"); the elementwise, LayerNorm forward and cross-entropy
+// benchmarks also with misaligned pointers (arg "scalar" = 1: what the 16-byte accesses gain).
 //
 // All kernels here are memory-bound, so each reports bytes_per_second from SetBytesProcessed,
 // counting the compulsory traffic (each input read once, each output written once,
@@ -29,6 +30,7 @@
 #include "bench/cuda_bench_util.h"
 #include "kernels/classifier.h"
 #include "kernels/cuda_runtime.h"
+#include "kernels/elementwise.h"
 #include "kernels/encoder.h"
 #include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
@@ -117,23 +119,64 @@ BENCHMARK(BM_CudaEncoderBackward)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+// ---- Elementwise --------------------------------------------------------------------------------
+
+// A pointer `shift` elements into buf (shift 1: not 16-byte aligned, so the kernels take their
+// one-element-per-access path — the "scalar" arg of the benchmarks below, against the 16-byte one).
+void* At(const DeviceBuffer& buf, DType dt, int shift) {
+  return static_cast<char*>(buf.data()) + shift * cuda::DTypeSize(dt);
+}
+
+// Args: op (0 = GELU forward on N x 4C, 1 = GELU backward on N x 4C, 2 = residual add on N x C),
+// bf16, scalar (1 = misaligned pointers: the V = 1 path).
+void BM_CudaElementwise(benchmark::State& state) {
+  if (SkipWithoutDevice(state)) return;
+  const int op = static_cast<int>(state.range(0));
+  const DType dt = state.range(1) != 0 ? DType::kBF16 : DType::kF32;
+  const int shift = static_cast<int>(state.range(2));
+  const long n = (op == 2 ? 1L : 4L) * kN * kC;
+  TF_BENCH_ASSIGN(a, RandomDevice(n + 1, dt, 1.0f, 40));
+  TF_BENCH_ASSIGN(b, RandomDevice(n + 1, dt, 1.0f, 41));
+  TF_BENCH_ASSIGN(out, DeviceBuffer::Allocate((n + 1) * cuda::DTypeSize(dt)));
+  TimeLaunches(state, [&] {
+    switch (op) {
+      case 0: return cuda::gelu_forward(At(out, dt, shift), At(a, dt, shift), n, dt, nullptr);
+      case 1: return cuda::gelu_backward(At(out, dt, shift), At(a, dt, shift), At(b, dt, shift), n, dt, nullptr);
+      default: return cuda::residual_forward(At(out, dt, shift), At(a, dt, shift), At(b, dt, shift), n, dt, nullptr);
+    }
+  });
+  ReportBytes(state, ElemBytes(dt) * n * (op == 0 ? 2.0 : 3.0));
+}
+BENCHMARK(BM_CudaElementwise)
+    ->ArgNames({"op", "bf16", "scalar"})
+    ->ArgsProduct({{0, 1, 2}, {1}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
 // ---- LayerNorm ----------------------------------------------------------------------------------
 
+// Args: bf16, scalar (1 = input and output one element off alignment: the V = 1 path).
 void BM_CudaLayerNormForward(benchmark::State& state) {
   if (SkipWithoutDevice(state)) return;
   const DType dt = ArgDType(state);
-  TF_BENCH_ASSIGN(inp, RandomDevice(size_t(kN) * kC, dt, 1.0f, 8));
+  const int shift = static_cast<int>(state.range(1));
+  TF_BENCH_ASSIGN(inp, RandomDevice(size_t(kN) * kC + 1, dt, 1.0f, 8));
   TF_BENCH_ASSIGN(w, RandomDevice(kC, dt, 1.0f, 9));
   TF_BENCH_ASSIGN(b, RandomDevice(kC, dt, 0.1f, 10));
-  TF_BENCH_ASSIGN(out, DeviceBuffer::Allocate(size_t(kN) * kC * cuda::DTypeSize(dt)));
+  TF_BENCH_ASSIGN(out, DeviceBuffer::Allocate((size_t(kN) * kC + 1) * cuda::DTypeSize(dt)));
   TF_BENCH_ASSIGN(stats, DeviceBuffer::Allocate(2 * size_t(kN) * sizeof(float)));
   TimeLaunches(state, [&] {
-    return cuda::layernorm_forward(out.data(), stats.as<float>(), stats.as<float>() + kN, inp.data(), w.data(),
-                                   b.data(), kN, kC, dt, nullptr);
+    return cuda::layernorm_forward(At(out, dt, shift), stats.as<float>(), stats.as<float>() + kN, At(inp, dt, shift),
+                                   w.data(), b.data(), kN, kC, dt, nullptr);
   });
   ReportBytes(state, ElemBytes(dt) * (2.0 * kN * kC + 2.0 * kC) + 8.0 * kN);
 }
-BENCHMARK(BM_CudaLayerNormForward)->ArgName("bf16")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CudaLayerNormForward)
+    ->ArgNames({"bf16", "scalar"})
+    ->ArgsProduct({{0, 1}, {0}})
+    ->Args({1, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_CudaLayerNormBackward(benchmark::State& state) {
   if (SkipWithoutDevice(state)) return;
@@ -169,22 +212,25 @@ BENCHMARK(BM_CudaLayerNormBackward)->ArgName("bf16")->Arg(0)->Arg(1)->UseManualT
 // Args: bf16, grad (1 = loss and in-place gradient, the training step; 0 = loss only). With the
 // gradient the logits are overwritten, so later iterations run on the previous gradient; the work
 // does not depend on the values.
+// Third arg: scalar (1 = logits one element off alignment: the V = 1 path).
 void BM_CudaCrossEntropy(benchmark::State& state) {
   if (SkipWithoutDevice(state)) return;
   const DType dt = ArgDType(state);
   const bool with_grad = state.range(1) != 0;
-  TF_BENCH_ASSIGN(logits, RandomDevice(size_t(kN) * kVp, dt, 3.0f, 18));
+  const int shift = static_cast<int>(state.range(2));
+  TF_BENCH_ASSIGN(logits, RandomDevice(size_t(kN) * kVp + 1, dt, 3.0f, 18));
   TF_BENCH_ASSIGN(targets, UploadInts(Tokens(kN, kV, false, 19)));
   TF_BENCH_ASSIGN(losses, DeviceBuffer::Allocate(size_t(kN) * sizeof(float)));
   TimeLaunches(state, [&] {
-    return cuda::crossentropy_forward_backward(logits.data(), losses.as<float>(), targets.as<int32_t>(), kN, kV, kVp,
-                                               with_grad ? 1.0f / kN : 0.0f, dt, nullptr);
+    return cuda::crossentropy_forward_backward(At(logits, dt, shift), losses.as<float>(), targets.as<int32_t>(), kN,
+                                               kV, kVp, with_grad ? 1.0f / kN : 0.0f, dt, nullptr);
   });
   ReportBytes(state, ElemBytes(dt) * (1.0 * kN * kV + (with_grad ? 1.0 * kN * kVp : 0.0)) + 8.0 * kN);
 }
 BENCHMARK(BM_CudaCrossEntropy)
-    ->ArgNames({"bf16", "grad"})
-    ->ArgsProduct({{0, 1}, {1, 0}})
+    ->ArgNames({"bf16", "grad", "scalar"})
+    ->ArgsProduct({{0, 1}, {1, 0}, {0}})
+    ->Args({1, 1, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

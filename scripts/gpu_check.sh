@@ -214,6 +214,11 @@ if [[ -f "$OUTDIR/attention_cuda_bench.txt" ]]; then
   while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^BM_(Flash|Gemm)/(fwd|bwd)/shape:0/dt:1/(simt:0/)?manual_time' \
     "$OUTDIR/attention_cuda_bench.txt" | awk '{printf "%-40s %s %s", $1, $2, $3; for (i = 4; i <= NF; ++i) if ($i ~ /TFLOP|of_peak/) printf " %s", $i; print ""}')
 fi
+# The 16-byte accesses against the same kernels' one-element path (scalar:1, misaligned pointers), bf16.
+if [[ -f "$OUTDIR/kernels_cuda_bench.txt" ]]; then
+  while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^BM_Cuda(Elementwise/op:[0-9]/bf16:1|LayerNormForward/bf16:1|CrossEntropy/bf16:1/grad:1)/scalar' \
+    "$OUTDIR/kernels_cuda_bench.txt" | awk '{printf "%-56s %s %s", $1, $2, $3; for (i = 4; i <= NF; ++i) if ($i ~ /bytes_per_second|of_copy_bw/) printf " %s", $i; print ""}')
+fi
 # Each epilogue fusion against the kernels it replaces (bf16), for the summary.
 if [[ -f "$OUTDIR/matmul_attention_cuda_bench.txt" ]]; then
   while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^BM_Epilogue/.*/1/manual_time' \
