@@ -261,24 +261,11 @@ void TimeFlopRate(benchmark::State& state, cudaStream_t stream, double flops_per
 // measured.
 inline double CopyBandwidth() {
   static const double rate = [] {
-    const size_t bytes = size_t(1) << 30;
-    auto a = cuda::DeviceBuffer::Allocate(bytes), b = cuda::DeviceBuffer::Allocate(bytes);
-    if (!a.ok() || !b.ok()) return 0.0;
-    EventPair ev;
-    float best_ms = 1e30f;
-    for (int r = 0; r < 6; ++r) {  // the first copy is a warm-up
-      cudaEventRecord(ev.start, nullptr);
-      cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, nullptr);
-      cudaEventRecord(ev.stop, nullptr);
-      cudaEventSynchronize(ev.stop);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, ev.start, ev.stop);
-      if (r > 0) best_ms = std::min(best_ms, ms);
-    }
-    const double r = 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
+    StatusOr<double> r = cuda::MeasureCopyBandwidth();
+    if (!r.ok()) return 0.0;
     std::fprintf(stderr, "ceiling: %s, device-to-device copy %.1f GB/s\n", cuda::DeviceDescription(0).c_str(),
-                 r * 1e-9);
-    return r;
+                 *r * 1e-9);
+    return *r;
   }();
   return rate;
 }

@@ -13,6 +13,7 @@
 #include "kernels/random.h"
 #include "model/gpt2.h"
 #include "model/gpt2_cuda.h"
+#include "model/step_work.h"
 #if defined(TF_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
@@ -106,8 +107,25 @@ StatusOr<BenchResult> RunCudaBench(const GPT2Config& config, const BenchOptions&
       }
     }
     model->set_profiler(nullptr);
+    // The roofline of each piece: its work (model/step_work.h) at the peak FLOP rate and the copy
+    // bandwidth measured now.
+    TF_ASSIGN_OR_RETURN(const double bandwidth, cuda::MeasureCopyBandwidth());
+    const double peak_flops = 1e12 * (o.peak_tflops > 0 ? o.peak_tflops : (dt == cuda::DType::kBF16 ? 989.0 : 67.0));
+    const std::vector<PieceWork> work =
+        GPT2StepWork(config, {.batch = o.batch,
+                              .seq = o.seq,
+                              .elem_bytes = static_cast<int>(cuda::DTypeSize(dt)),
+                              .gemm_attention = mo.attention == GPT2CudaOptions::Attention::kGemm,
+                              .recompute = mo.recompute,
+                              .gelu_fusion = mo.GeluFusion(dt),
+                              .fuse_residual = mo.fuse_residual});
+    r.copy_gbs = bandwidth / 1e9;
+    for (const PieceWork& p : work) r.roofline_step_ms += RooflineMs(p, peak_flops, bandwidth);
     for (const auto& t : sum) {
-      r.profile.push_back({t.name, t.ms / o.profile_steps, static_cast<double>(t.count) / o.profile_steps});
+      auto it = std::find_if(work.begin(), work.end(), [&](const PieceWork& p) { return p.name == t.name; });
+      const bool modelled = it != work.end() && (it->flops > 0 || it->bytes > 0);  // (not host copies)
+      r.profile.push_back({t.name, t.ms / o.profile_steps, static_cast<double>(t.count) / o.profile_steps,
+                           modelled ? RooflineMs(*it, peak_flops, bandwidth) : -1.0});
     }
     std::sort(r.profile.begin(), r.profile.end(),
               [](const auto& a, const auto& b) { return a.ms_per_step > b.ms_per_step; });
@@ -120,8 +138,10 @@ StatusOr<BenchResult> RunCudaBench(const GPT2Config& config, const BenchOptions&
   r.gflops = 6.0 * static_cast<double>(NumParameters(config)) * tokens / (r.median_ms / 1000.0) / 1e9;
   const double peak = o.peak_tflops > 0 ? o.peak_tflops : (dt == cuda::DType::kBF16 ? 989.0 : 67.0);
   r.mfu = r.gflops / (peak * 1e3);
+  r.peak_tflops = peak;
   const double attention_flops = 6.0 * config.n_layer * config.n_embd * static_cast<double>(o.seq) * tokens;
   r.mfu_with_attention = (r.gflops + attention_flops / (r.median_ms / 1000.0) / 1e9) / (peak * 1e3);
+  if (r.roofline_step_ms > 0) r.roofline_mfu = r.mfu * r.median_ms / r.roofline_step_ms;
   r.planned_gb = static_cast<double>(model->memory().total) / 1e9;
   r.cuda_options = fmt::format("attention {}{}, recompute {}, gelu fusion {}, residual {}", AttentionName(mo.attention),
                                mo.attention == GPT2CudaOptions::Attention::kCudnn && !mo.deterministic_attention

@@ -43,8 +43,18 @@ struct BenchResult {
     std::string name;
     double ms_per_step = 0;
     double calls_per_step = 0;
+    // The piece's least time at the peak FLOP rate and the measured copy bandwidth (model/step_work.h);
+    // < 0 when the work model has no such piece.
+    double roofline_ms = -1;
   };
   std::vector<ProfileRow> profile;
+  // CUDA with profile_steps > 0: the device-to-device copy bandwidth measured for the roofline (GB/s),
+  // and the whole step at the roofline (every modelled piece at its ceiling): its ms and the MFU
+  // (6*params count) that would give — the most this structure of the step can reach.
+  double copy_gbs = 0;
+  double peak_tflops = 0;  // CUDA: the peak the MFU and the roofline use
+  double roofline_step_ms = 0;
+  double roofline_mfu = 0;
 };
 
 StatusOr<BenchResult> RunBench(const GPT2Config& config, const BenchOptions& options);

@@ -352,12 +352,19 @@ int RunCli(int argc, char** argv) {
     if (!r->profile.empty()) {
       double total = 0;
       for (const auto& row : r->profile) total += row.ms_per_step;
-      fmt::print("bench: GPU time per step by piece of work ({} profiled steps; {:.2f} ms in all):\n",
-                 bopt.profile_steps, total);
+      fmt::print("bench: GPU time per step by piece of work ({} profiled steps; {:.2f} ms in all); roofline = the "
+                 "piece's least time at {:.0f} TFLOP/s and the measured {:.0f} GB/s copy bandwidth:\n",
+                 bopt.profile_steps, total, r->peak_tflops, r->copy_gbs);
       for (const auto& row : r->profile) {
-        fmt::print("PROFILE {:<18} {:8.3f} ms {:5.1f}%  {:6.1f} calls\n", row.name, row.ms_per_step,
-                   100.0 * row.ms_per_step / total, row.calls_per_step);
+        const std::string roof = row.roofline_ms < 0 ? std::string("  roofline -")
+                                                     : fmt::format("  roofline {:8.3f} ms, at {:5.1f}%", row.roofline_ms,
+                                                                   100.0 * row.roofline_ms / row.ms_per_step);
+        fmt::print("PROFILE {:<18} {:8.3f} ms {:5.1f}%  {:6.1f} calls{}\n", row.name, row.ms_per_step,
+                   100.0 * row.ms_per_step / total, row.calls_per_step, roof);
       }
+      fmt::print("bench: roofline step {:.2f} ms (every piece at its ceiling): MFU {:.1f}% at most with this "
+                 "structure of the step; measured {:.2f} ms\n",
+                 r->roofline_step_ms, 100.0 * r->roofline_mfu, r->median_ms);
     }
     fmt::print("BENCH_RESULT ms_per_step={:.3f} tokens_per_s={:.1f} gflops={:.2f} gemm_peak_gflops={:.2f} mfu={:.4f} "
                "mfu_with_attention={:.4f} device_used_gb={:.2f}\n",

@@ -31,6 +31,36 @@ std::string DeviceDescription(int device) {
                      static_cast<double>(p.totalGlobalMem) / (1 << 30), p.multiProcessorCount);
 }
 
+StatusOr<double> MeasureCopyBandwidth(size_t bytes, int reps) {
+  if (bytes == 0 || reps < 1) return Status::InvalidArgument("MeasureCopyBandwidth: bytes and reps must be positive");
+  TF_ASSIGN_OR_RETURN(DeviceBuffer a, DeviceBuffer::Allocate(bytes));
+  TF_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(bytes));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TF_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  const cudaError_t created = cudaEventCreate(&stop);
+  if (created != cudaSuccess) {
+    cudaEventDestroy(start);
+    return CudaError(created, "cudaEventCreate(&stop)", __FILE__, __LINE__);
+  }
+  float best_ms = 0;
+  cudaError_t err = cudaSuccess;
+  for (int r = 0; r <= reps && err == cudaSuccess; ++r) {  // r = 0: warm-up
+    float ms = 0;
+    if ((err = cudaEventRecord(start, nullptr)) != cudaSuccess ||
+        (err = cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, nullptr)) != cudaSuccess ||
+        (err = cudaEventRecord(stop, nullptr)) != cudaSuccess || (err = cudaEventSynchronize(stop)) != cudaSuccess ||
+        (err = cudaEventElapsedTime(&ms, start, stop)) != cudaSuccess) {
+      break;
+    }
+    if (r > 0 && (best_ms == 0 || ms < best_ms)) best_ms = ms;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (err != cudaSuccess) return CudaError(err, "copy bandwidth measurement", __FILE__, __LINE__);
+  if (!(best_ms > 0)) return Status::Internal("MeasureCopyBandwidth: the copies took no measurable time");
+  return 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
+}
+
 StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
   DeviceBuffer b;
   if (bytes > 0) {

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include <cuda_runtime_api.h>
 
@@ -26,6 +27,11 @@ Status CudaError(cudaError_t err, const char* expr, const char* file, int line);
 int DeviceCount();
 // "NVIDIA H200 (sm_90, 139.8 GiB, 132 SMs)" for logs.
 std::string DeviceDescription(int device);
+
+// Device-to-device copy bandwidth of the current device in bytes per second (bytes read + written):
+// the best of `reps` cudaMemcpyAsync copies of `bytes`, after one warm-up copy, timed with events on
+// the legacy default stream. The practical ceiling of bandwidth-bound kernels.
+StatusOr<double> MeasureCopyBandwidth(size_t bytes = size_t{1} << 30, int reps = 5);
 
 // Owns cudaMalloc'd memory. Allocate() returns an error Status on failure instead of throwing.
 class DeviceBuffer {

@@ -148,6 +148,8 @@ if run trainflow bench --help 2>/dev/null | grep -q -- "--gelu-fusion"; then
   bench_e2e "GPT-2 124M B=16 T=1024 bf16" 160 --dtype bf16 --profile-steps 3 $E2E  # keeps 160 s for training, 1558M, kernel benches
   # Where the bf16 step's GPU time goes (the 8 largest pieces; the whole table is in e2e.txt).
   while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^PROFILE ' "$OUTDIR/e2e.txt" | head -8)
+  # The same step with every piece at its roofline (model/step_work.h): the MFU this structure allows.
+  while read -r line; do SUMMARY+=("  ${line#bench: }"); done < <(grep -E '^bench: roofline step' "$OUTDIR/e2e.txt" | head -1)
   bench_e2e "GPT-2 124M B=16 T=1024 bf16 gelu fusion 1" 160 --dtype bf16 --gelu-fusion 1 $E2E
   bench_e2e "GPT-2 124M B=16 T=1024 bf16 gelu fusion 2" 160 --dtype bf16 --gelu-fusion 2 $E2E
   bench_e2e "GPT-2 124M B=16 T=1024 bf16 residual unfused" 160 --dtype bf16 --no-fuse-residual $E2E

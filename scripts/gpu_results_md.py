@@ -76,13 +76,15 @@ def main(paths):
         print()
         print("GPU time per step by piece of work (bf16 defaults; `trainflow bench --profile-steps`):")
         print()
-        print("| piece | ms/step | share | calls/step |")
-        print("|---|---|---|---|")
+        print("| piece | ms/step | share | calls/step | roofline ms | at % of roofline |")
+        print("|---|---|---|---|---|---|")
         for p in profile:
-            m = re.match(r"(cuDNN )?PROFILE (.+?)\s+([0-9.]+) ms\s+([0-9.]+)%\s+([0-9.]+) calls", p)
+            m = re.match(r"(cuDNN )?PROFILE (.+?)\s+([0-9.]+) ms\s+([0-9.]+)%\s+([0-9.]+) calls"
+                         r"(?:\s+roofline\s+([0-9.]+) ms, at\s+([0-9.]+)%)?", p)
             if m:
                 name = ("cuDNN " if m.group(1) else "") + m.group(2).strip()
-                print(f"| {name} | {m.group(3)} | {m.group(4)}% | {m.group(5)} |")
+                roof = f"{m.group(6)} | {m.group(7)}%" if m.group(6) else "- | -"
+                print(f"| {name} | {m.group(3)} | {m.group(4)}% | {m.group(5)} | {roof} |")
 
 
 if __name__ == "__main__":

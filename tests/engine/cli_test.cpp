@@ -338,6 +338,15 @@ TEST_F(CliTest, PrepareTrainEvalSampleExportBench) {
   r = Run({"bench", "--model", kByteTiny, "--steps", "2", "--warmup", "1", "--batch-size", "2", "--seq-len", "16"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_NE(r.out.find("BENCH_RESULT ms_per_step="), std::string::npos) << r;
+  if (r.out.find("device=cuda") != std::string::npos) {
+    // On a GPU (or the emulated one): the per-piece profile with each piece's roofline.
+    r = Run({"bench", "--model", kByteTiny, "--steps", "1", "--warmup", "1", "--batch-size", "2", "--seq-len", "16",
+             "--profile-steps", "1"});
+    ASSERT_EQ(r.exit_code, 0) << r;
+    EXPECT_NE(r.out.find("PROFILE qkv fwd"), std::string::npos) << r;
+    EXPECT_NE(r.out.find("roofline"), std::string::npos) << r;
+    EXPECT_NE(r.out.find("bench: roofline step"), std::string::npos) << r;
+  }
   // --device defaults to auto (the GPU when one is visible, as for train); others are refused by name.
   r = Run({"bench", "--model", kByteTiny, "--device", "tpu", "--steps", "1"});
   ExpectCleanFailure(r, {"--device", "tpu"});

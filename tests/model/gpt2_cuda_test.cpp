@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "kernels/random.h"
 #include "model/gpt2.h"
 #include "model/gpt2_cuda.h"
+#include "model/step_work.h"
 #include "tests/kernels/cuda_test_util.h"
 
 namespace tf {
@@ -331,29 +333,39 @@ TEST(GPT2CudaPlan, StreamsEventAndDevicePointers) {
   }
 }
 
+// One bf16 training step (ZeroGrad, ForwardBackward, Step) of a model with constant weights under a
+// RangeProfiler: the totals per range.
+std::vector<cuda::RangeProfiler::Total> ProfiledStep(const GPT2Config& c, int B, int T, const GPT2CudaOptions& o) {
+  auto gpu = GPT2Cuda::Create(c, B, T, cuda::DType::kBF16, o);
+  EXPECT_TRUE(gpu.ok()) << gpu.status().ToString();
+  if (!gpu.ok()) return {};
+  GPT2Cuda& m = **gpu;
+  std::vector<float> host(static_cast<size_t>(m.num_params()), 0.01f);
+  EXPECT_TRUE(m.LoadParams(host).ok());
+  auto profiler = cuda::RangeProfiler::Create(m.compute_stream());
+  EXPECT_TRUE(profiler.ok());
+  if (!profiler.ok()) return {};
+  m.set_profiler(profiler->get());
+  std::vector<int32_t> in, tg;
+  Batch(c, B, T, &in, &tg);
+  EXPECT_TRUE(m.ZeroGrad().ok());
+  EXPECT_TRUE(m.ForwardBackward(in.data(), tg.data(), B, T, 1.0f).ok());
+  EXPECT_TRUE(m.Step(AdamWConfig{}, 1e-3, 1).ok());
+  m.set_profiler(nullptr);
+  auto totals = (*profiler)->Collect();
+  EXPECT_TRUE(totals.ok()) << totals.status().ToString();
+  return totals.ok() ? *totals : std::vector<cuda::RangeProfiler::Total>{};
+}
+
 // With a profiler attached, every piece of a step is timed under its name: per-layer pieces once
-// per layer, the optimizer once; the step's results do not change.
+// per layer, the optimizer once.
 TEST(GPT2CudaPlan, ProfilerNamesEveryPieceOfAStep) {
   TF_SKIP_WITHOUT_GPU();
   const GPT2Config c = Hs64Config();
-  auto gpu = GPT2Cuda::Create(c, 2, 16, cuda::DType::kBF16);
-  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
-  GPT2Cuda& m = **gpu;
-  std::vector<float> host(static_cast<size_t>(m.num_params()), 0.01f);
-  ASSERT_TRUE(m.LoadParams(host).ok());
-  auto profiler = cuda::RangeProfiler::Create(m.compute_stream());
-  ASSERT_TRUE(profiler.ok());
-  m.set_profiler(profiler->get());
-  std::vector<int32_t> in, tg;
-  Batch(c, 2, 16, &in, &tg);
-  ASSERT_TRUE(m.ZeroGrad().ok());
-  ASSERT_TRUE(m.ForwardBackward(in.data(), tg.data(), 2, 16, 1.0f).ok());
-  ASSERT_TRUE(m.Step(AdamWConfig{}, 1e-3, 1).ok());
-  m.set_profiler(nullptr);
-  auto totals = (*profiler)->Collect();
-  ASSERT_TRUE(totals.ok()) << totals.status().ToString();
+  const std::vector<cuda::RangeProfiler::Total> totals = ProfiledStep(c, 2, 16, GPT2CudaOptions{});
+  ASSERT_FALSE(totals.empty());
   auto count = [&](const std::string& name) {
-    for (const auto& t : *totals) {
+    for (const auto& t : totals) {
       if (t.name == name) return t.count;
     }
     return 0;
@@ -372,6 +384,35 @@ TEST(GPT2CudaPlan, ProfilerNamesEveryPieceOfAStep) {
   EXPECT_EQ(count("gelu fwd"), fused_gelu ? 0 : c.n_layer);
   EXPECT_EQ(count("gelu bwd"), GPT2CudaOptions{}.GeluFusion(cuda::DType::kBF16) >= 2 ? 0 : c.n_layer);
   EXPECT_EQ(count("residual add"), 0);
+}
+
+// The roofline's work model (model/step_work.h) lists exactly the pieces GPT2Cuda marks, for each
+// combination of the options that add or remove pieces.
+TEST(GPT2CudaPlan, WorkModelNamesThePiecesTheProfilerTimes) {
+  TF_SKIP_WITHOUT_GPU();
+  const GPT2Config c = Hs64Config();
+  const int B = 2, T = 16;
+  for (const GPT2CudaOptions& o : {GPT2CudaOptions{},
+                                   GPT2CudaOptions{.attention = Attention::kGemm, .recompute = 2, .gelu_fusion = 2,
+                                                   .fuse_residual = false},
+                                   GPT2CudaOptions{.recompute = 1, .gelu_fusion = 1}}) {
+    const std::string what = "recompute " + std::to_string(o.recompute) + " gelu fusion " +
+                             std::to_string(o.gelu_fusion) + " fuse_residual " + std::to_string(o.fuse_residual);
+    const std::vector<cuda::RangeProfiler::Total> totals = ProfiledStep(c, B, T, o);
+    ASSERT_FALSE(totals.empty()) << what;
+    std::set<std::string> timed, modelled;
+    for (const auto& t : totals) timed.insert(t.name);
+    for (const PieceWork& p : GPT2StepWork(c, {.batch = B,
+                                               .seq = T,
+                                               .elem_bytes = 2,
+                                               .gemm_attention = o.attention == Attention::kGemm,
+                                               .recompute = o.recompute,
+                                               .gelu_fusion = o.GeluFusion(cuda::DType::kBF16),
+                                               .fuse_residual = o.fuse_residual})) {
+      modelled.insert(p.name);
+    }
+    EXPECT_EQ(timed, modelled) << what;
+  }
 }
 
 // cuDNN's fused attention in the model (bf16): one step against the CPU, and the plan against the
