@@ -5,8 +5,9 @@ Usage: python3 scripts/gpu_results_md.py <files_at>/gpu_check.log [more logs of 
 
 Prints the date and machine, the summary table (tests, sanitizers, benchmarks, every end-to-end
 `trainflow bench` line as ms/step, tokens/s, MFU with both FLOP counts and device memory, the GPU
-training runs) and the bf16 step's GPU-time profile, all taken verbatim from the log: nothing is
-computed here except unit formatting. Review before committing; add what the numbers mean.
+training runs) and the bf16 step's GPU-time profile, all taken verbatim from the log; then the
+decisions step 2 supports: each bf16 variant's ms/step against the defaults' (the only figures
+computed here). Review before committing; add what the numbers mean.
 """
 import re
 import sys
@@ -26,6 +27,38 @@ def parse_bench(line):
             except ValueError:
                 pass
     return out
+
+
+BASE = "GPT-2 124M B=16 T=1024 bf16"
+NOISE = 0.02  # differences of medians over 20 steps below this are not decisions
+
+
+def print_decisions(summary):
+    """Each bf16 end-to-end variant (fusions, cuDNN attention) against the defaults' ms/step."""
+    runs = {}
+    for s in summary:
+        what, _, rest = s.partition(": ")
+        b = parse_bench(rest)
+        if b.get("ms_per_step") and (what == BASE or what.startswith(BASE + " ")):
+            runs[what] = b["ms_per_step"]
+    base = runs.get(BASE)
+    if not base or len(runs) < 2:
+        return
+    print()
+    print(f"Defaults vs each switch (bf16, ms/step; under {100 * NOISE:.0f}% is noise, not a decision):")
+    print()
+    print("| variant | ms/step | vs defaults |")
+    print("|---|---|---|")
+    for what, ms in runs.items():
+        if what == BASE:
+            continue
+        gain = (base - ms) / base
+        verdict = "within noise" if abs(gain) < NOISE else (f"{100 * gain:.1f}% faster" if gain > 0
+                                                            else f"{-100 * gain:.1f}% slower")
+        print(f"| {what[len(BASE) + 1:]} | {ms:.2f} | {verdict} |")
+    best = min(runs, key=runs.get)
+    print()
+    print(f"Fastest: {best} ({runs[best]:.2f} ms/step; defaults {base:.2f}).")
 
 
 def main(paths):
@@ -72,6 +105,7 @@ def main(paths):
             print(f"| {what} | {', '.join(cells)} |")
         else:
             print(f"| {what} | {rest.replace('|', '/')} |")
+    print_decisions(summary)
     if profile:
         print()
         print("GPU time per step by piece of work (bf16 defaults; `trainflow bench --profile-steps`):")
