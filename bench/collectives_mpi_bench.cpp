@@ -102,7 +102,7 @@ void BM_Reducer(benchmark::State& state, const char* spec) {
     (*reducer)->BeginStep(step++);
     for (auto [b, e] : ranges) (*reducer)->MarkReady(b, e);
     if (!(*reducer)->Finish().ok()) state.SkipWithError("reducer failed");
-    wire += static_cast<double>((*reducer)->last_stats().wire_bytes);
+    wire += static_cast<double>((*reducer)->LastStats()->wire_bytes);
   }
   state.SetBytesProcessed(state.iterations() * n * 4);
   state.counters["wire_MB_per_step"] = wire / static_cast<double>(state.iterations()) / 1e6;

@@ -23,10 +23,11 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
+#include "base/float16.h"
 #include "kernels/cublas_handle.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/matmul.h"
-#include "kernels/status.h"
+#include "base/status.h"
 
 namespace tf::bench {
 
@@ -80,14 +81,6 @@ inline cuda::CublasContext* ContextOrSkip(benchmark::State& state) {
 }
 
 // ---- Inputs ---------------------------------------------------------------------------------------
-
-// fp32 -> bf16 bits, rounding to nearest even. REQUIRES: f is finite.
-inline uint16_t FloatToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
 
 // Fills n elements of dt at dst (device memory) with N(0, scale^2) values: the first
 // min(n, pattern) drawn from mt19937(seed), uploaded once, then repeated by doubling

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/buffer.h"
+#include "base/aligned_buffer.h"
 
 namespace tf::comm {
 

@@ -32,7 +32,7 @@
 #include <string>
 #include <string_view>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 #if defined(TF_WITH_CUDA)
 #include <cuda_runtime_api.h>

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "base/float16.h"
 #include "kernels/math.h"  // TF_HD
 
 namespace tf::comm::codec {
@@ -63,16 +64,16 @@ TF_HD float Accumulate(float acc, float scale, float v) { return fmaf(scale, v, 
 // exponent range, so only |x| >= 0x1.ff8p127 overflows); +-inf stay +-inf; NaN -> sign | 0x7fc0.
 
 TF_HD uint16_t Bf16Encode(float x) {
-  uint32_t u = FloatBits(x);
+  const uint32_t u = FloatBits(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7fc0u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  return ::tf::FloatToBf16(x);  // base/float16.h
 }
-TF_HD float Bf16Decode(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
+TF_HD float Bf16Decode(uint16_t h) { return ::tf::Bf16ToFloat(h); }
 
 // ---- fp16 (IEEE binary16) -------------------------------------------------------------------------
 // Round to nearest even, subnormals included (|x| <= 2^-25 -> +-0; 2^-25 itself ties to even 0).
-// Finite values that would round past the largest half saturate: |x| >= 65520 -> +-65504 (0x7bff).
+// Unlike base/float16.h's FloatToHalf (storage), finite values that would round past the largest
+// half saturate: |x| >= 65520 -> +-65504 (0x7bff).
 // +-inf stay +-inf (0x7c00) and NaN -> sign | 0x7e00, so overflowed gradients remain detectable.
 
 TF_HD uint16_t Fp16Encode(float x) {
@@ -102,14 +103,7 @@ TF_HD uint16_t Fp16Encode(float x) {
   return static_cast<uint16_t>(sign | h);
 }
 
-TF_HD float Fp16Decode(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0x1f) return BitsFloat(sign | 0x7f800000u | (m << 13));      // inf, NaN
-  if (e != 0) return BitsFloat(sign | ((e + 112u) << 23) | (m << 13));  // normal: rebias 15 -> 127
-  const float v = static_cast<float>(m) * 0x1p-24f;                     // zero / subnormal, exact
-  return sign != 0 ? -v : v;
-}
+TF_HD float Fp16Decode(uint16_t h) { return ::tf::HalfToFloat(h); }  // exact
 
 // ---- int8 with a per-block scale ------------------------------------------------------------------
 // scale = absmax / 127 rounded UP to 17 significant bits (clear the low 7 mantissa bits, carrying

@@ -24,7 +24,7 @@
 #include <string>
 
 #include "comm/process_group.h"
-#include "kernels/status.h"
+#include "base/status.h"
 
 namespace tf::comm {
 

@@ -189,6 +189,26 @@ Status DeviceGradientReducer::Finish() {
   TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(backward_end_, compute_));
   TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_end_, comm_->stream()));
   TF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, comm_end_, 0));
+  return comm_->Synchronize();
+}
+
+Status DeviceGradientReducer::GetState(std::vector<float>* residual, std::vector<float>* server) {
+  const auto [nr, ns] = state_sizes();
+  residual->resize(static_cast<size_t>(nr));
+  server->resize(static_cast<size_t>(ns));
+  if (nr > 0) TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(residual->data(), residual_.data(), nr * 4, cudaMemcpyDeviceToHost));
+  if (ns > 0) TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(server->data(), server_.data(), ns * 4, cudaMemcpyDeviceToHost));
+  return Status::OK();
+}
+
+Status DeviceGradientReducer::SetState(std::span<const float> residual, std::span<const float> server) {
+  const auto [nr, ns] = state_sizes();
+  if (static_cast<int64_t>(residual.size()) != nr || static_cast<int64_t>(server.size()) != ns) {
+    return Status::InvalidArgument("error-feedback state has {} + {} elements, this reducer ({}) keeps {} + {}",
+                                   residual.size(), server.size(), CodecName(options_.codec), nr, ns);
+  }
+  if (nr > 0) TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(residual_.data(), residual.data(), nr * 4, cudaMemcpyHostToDevice));
+  if (ns > 0) TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(server_.data(), server.data(), ns * 4, cudaMemcpyHostToDevice));
   return Status::OK();
 }
 
@@ -241,7 +261,6 @@ StatusOr<CodecChoice> ChooseDeviceCodec(NcclCommunicator* nccl, Communicator* ho
       reducer->BeginStep(rep);
       for (auto [b, e] : ranges) reducer->MarkReady(b, e);
       TF_RETURN_IF_ERROR(reducer->Finish());
-      TF_RETURN_IF_ERROR(nccl->Synchronize());
       TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream));
       const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (rep > 0) times.push_back(t);

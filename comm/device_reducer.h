@@ -31,31 +31,44 @@
 
 #include "comm/auto_codec.h"
 #include "comm/nccl_communicator.h"
+#include "comm/grad_sync.h"
 #include "comm/reducer.h"
 #include "kernels/cuda_runtime.h"
 
 namespace tf::comm {
 
-class DeviceGradientReducer {
+class DeviceGradientReducer final : public GradientSync {
  public:
   // grads: device buffer of n elements of `dt` (kF32 or kBF16), outliving the reducer.
   static StatusOr<std::unique_ptr<DeviceGradientReducer>> Create(
       NcclCommunicator* comm, void* grads, DataType dt, int64_t n,
       const std::vector<std::pair<int64_t, int64_t>>& ready_order, const ReducerOptions& options,
       cudaStream_t compute_stream);
-  ~DeviceGradientReducer();
+  ~DeviceGradientReducer() override;
   DeviceGradientReducer(const DeviceGradientReducer&) = delete;
   DeviceGradientReducer& operator=(const DeviceGradientReducer&) = delete;
 
-  void BeginStep(int64_t step);
+  // The reducer owns `comm` from now on (and is destroyed before it).
+  void AdoptCommunicator(std::unique_ptr<NcclCommunicator> comm) { owned_comm_ = std::move(comm); }
+
+  void BeginStep(int64_t step) override;
   // [begin, end) is final once the compute-stream work enqueued so far has run.
-  void MarkReady(int64_t begin, int64_t end);
-  // Enqueues the compute stream's wait for every bucket. Errors: an NCCL/CUDA call failed, or a
-  // range was never marked ready.
-  Status Finish();
+  void MarkReady(int64_t begin, int64_t end) override;
+  // Enqueues the compute stream's wait for every bucket, then waits for the reduction with the
+  // communicator's deadline and NCCL's asynchronous errors (the optimizer that follows synchronises
+  // on the gradient norm anyway). Errors: an NCCL/CUDA call failed or timed out, or a range was never
+  // marked ready.
+  Status Finish() override;
   // Stats of the last finished step (synchronises on its events).
-  StatusOr<ReducerStats> LastStats();
-  const std::vector<Bucket>& buckets() const { return buckets_; }
+  StatusOr<ReducerStats> LastStats() override;
+  const std::vector<Bucket>& buckets() const override { return buckets_; }
+  const ReducerOptions& options() const override { return options_; }
+  std::pair<int64_t, int64_t> state_sizes() const override {
+    return {static_cast<int64_t>(residual_.bytes() / 4), static_cast<int64_t>(server_.bytes() / 4)};
+  }
+  // Device <-> host copies of the fp32 residuals (synchronous).
+  Status GetState(std::vector<float>* residual, std::vector<float>* server) override;
+  Status SetState(std::span<const float> residual, std::span<const float> server) override;
 
  private:
   DeviceGradientReducer() = default;
@@ -70,6 +83,7 @@ class DeviceGradientReducer {
   ::tf::cuda::DeviceBuffer work_, residual_, server_, send_, recv_, shard_;
   size_t most_bytes_ = 0;  // per-rank encoded block size for the dense all-to-all/all-gather
 
+  std::unique_ptr<NcclCommunicator> owned_comm_;  // when adopted (AdoptCommunicator)
   NcclCommunicator* comm_ = nullptr;
   char* grads_ = nullptr;
   DataType dt_ = DataType::kF32;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "comm/mpi_util.h"
 
@@ -17,8 +18,8 @@ Status MpiError(int code, const char* expr, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) std::snprintf(text, sizeof(text), "MPI error %d", code);
-  if (file != nullptr) return Status::Internal("{} failed: {} ({}:{})", expr, text, file, line);
-  return Status::Internal("{} failed: {}", expr, text);
+  if (file != nullptr) return Status::Unavailable("{} failed: {} ({}:{})", expr, text, file, line);
+  return Status::Unavailable("{} failed: {}", expr, text);
 }
 
 size_t DataTypeSize(DataType t) {
@@ -123,7 +124,7 @@ MpiCommunicator::~MpiCommunicator() {
 
 Status MpiCommunicator::CheckUsable(const char* what) const {
   if (failed_.load()) {
-    return Status::Internal("{}: the MPI communicator failed earlier (timeout or error) and cannot be used", what);
+    return Status::Unavailable("{}: the MPI communicator failed earlier (timeout or error) and cannot be used", what);
   }
   return Status::OK();
 }
@@ -132,7 +133,14 @@ Status MpiCommunicator::Wait(MPI_Request* req, const char* what, size_t bytes) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
-  int spins = 0;
+  // Open MPI progresses transfers only inside MPI calls (TCP especially: a sleeping poller lets
+  // socket buffers run dry), so poll continuously — yielding the core to compute threads — while a
+  // collective is young; one that is still waiting after kSpin is waiting for a slow or stopped
+  // peer, so poll with growing sleeps (at most 2 ms) instead of burning a core, and say so.
+  constexpr auto kSpin = std::chrono::milliseconds(200);
+  constexpr auto kWarnAfter = std::chrono::seconds(10);
+  auto sleep = std::chrono::microseconds(50);
+  bool warned = false;
   while (true) {
     int done = 0;
     const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -141,17 +149,26 @@ Status MpiCommunicator::Wait(MPI_Request* req, const char* what, size_t bytes) {
       return MpiError(rc, what);
     }
     if (done) return Status::OK();
-    // Open MPI progresses transfers only inside MPI calls (TCP especially: a sleeping poller
-    // lets socket buffers run dry and the link idle), so poll continuously, but yield the core
-    // to runnable compute threads on every turn.
-    std::this_thread::yield();
-    if ((++spins & 1023) == 0 && Clock::now() > deadline) {
+    const auto now = Clock::now();
+    if (now - start < kSpin) {
+      std::this_thread::yield();
+      continue;
+    }
+    if (now > deadline) {
       failed_ = true;
-      return Status::Internal(
+      return Status::DeadlineExceeded(
           "{} of {} on rank {} of {} did not complete within {:.0f} s (TRAINFLOW_COMM_TIMEOUT): a peer rank "
-          "has probably died, hung, or is running a different configuration",
+          "has probably died, hung or been stopped, or is running a different configuration",
           what, Bytes(bytes), rank_, world_, timeout_s_);
     }
+    if (!warned && now - start > kWarnAfter) {
+      warned = true;
+      spdlog::warn("rank {} of {} has been waiting {:.0f} s for the other ranks to join a {} of {} (a peer may be "
+                   "slow, stopped or hung); giving up after {:.0f} s (TRAINFLOW_COMM_TIMEOUT)",
+                   rank_, world_, std::chrono::duration<double>(now - start).count(), what, Bytes(bytes), timeout_s_);
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::microseconds(2000));
   }
 }
 

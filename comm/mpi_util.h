@@ -3,7 +3,7 @@
 #pragma once
 #include <mpi.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 namespace tf::comm {
 

@@ -1,8 +1,6 @@
 #if defined(TF_WITH_CUDA)
 #include "comm/nccl_communicator.h"
 
-#include <dlfcn.h>
-#include <glob.h>
 #include <mpi.h>
 #include <nccl.h>
 
@@ -15,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "base/dynlib.h"
 #include "comm/mpi_util.h"
 #include "kernels/cuda_runtime.h"
 
@@ -46,71 +45,39 @@ struct Nccl {
 const Nccl& LoadNccl() {
   static Nccl* nccl = [] {
     auto* n = new Nccl();
-    std::vector<std::string> tried;
-    void* lib = nullptr;
-    auto attempt = [&](const std::string& path) {
-      if (lib == nullptr && !path.empty()) {
-        lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (lib == nullptr) {
-          const char* why = dlerror();
-          tried.push_back(why != nullptr ? std::string(why) : path);
-        } else {
-          n->path = path;
-          char origin[4096] = {0};
-          if (path.find('/') == std::string::npos && dlinfo(lib, RTLD_DI_ORIGIN, origin) == 0) {
-            n->path = std::string(origin) + "/" + path;  // found through the library path: say where
-          }
-        }
-      }
+    // A loaded NCCL stays open for the process lifetime.
+    static DynamicLibrary* lib = nullptr;
+    auto resolve = [n](const DynamicLibrary& l) -> Status {
+      TF_RETURN_IF_ERROR(l.Resolve(&n->GetUniqueId, "ncclGetUniqueId"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->CommInitRank, "ncclCommInitRank"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->CommDestroy, "ncclCommDestroy"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->CommAbort, "ncclCommAbort"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->CommGetAsyncError, "ncclCommGetAsyncError"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->GetErrorString, "ncclGetErrorString"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->AllReduce, "ncclAllReduce"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->ReduceScatter, "ncclReduceScatter"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->AllGather, "ncclAllGather"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->Broadcast, "ncclBroadcast"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->Reduce, "ncclReduce"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->Send, "ncclSend"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->Recv, "ncclRecv"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->GroupStart, "ncclGroupStart"));
+      TF_RETURN_IF_ERROR(l.Resolve(&n->GroupEnd, "ncclGroupEnd"));
+      return l.Resolve(&n->GetVersion, "ncclGetVersion");
     };
-    if (const char* p = std::getenv("TRAINFLOW_NCCL_LIBRARY")) attempt(p);
-    if (const char* h = std::getenv("NCCL_HOME")) attempt(std::string(h) + "/lib/libnccl.so.2");
-    attempt("libnccl.so.2");
-    attempt("libnccl.so");
-    if (const char* c = std::getenv("CUDA_HOME")) attempt(std::string(c) + "/lib/libnccl.so.2");
-    // PyTorch's NCCL wheel (nvidia-nccl-cu*), where a GPU machine has PyTorch but no system NCCL.
-    for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
-                                "/usr/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
-                                "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                                "/opt/conda/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                                "/opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                                "/opt/venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
-      glob_t g{};
-      if (glob(pattern, 0, nullptr, &g) == 0) {
-        for (size_t i = 0; i < g.gl_pathc; ++i) attempt(g.gl_pathv[i]);
-      }
-      globfree(&g);
-    }
-    if (lib == nullptr) {
-      n->error = fmt::format("libnccl.so.2 not found (tried {}); install NCCL or set TRAINFLOW_NCCL_LIBRARY",
-                             fmt::join(tried, ", "));
+    LibrarySearch search{.name = "libnccl.so.2",
+                         .override_env = "TRAINFLOW_NCCL_LIBRARY",
+                         .candidates = NvidiaLibraryCandidates("libnccl.so.2", "NCCL_HOME", "nccl"),
+                         .hint = "install NCCL or set TRAINFLOW_NCCL_LIBRARY"};
+    search.candidates.insert(search.candidates.begin() + 1, "libnccl.so");
+    auto loaded = LoadLibrary(search, resolve);
+    if (!loaded.ok()) {
+      *n = Nccl();
+      n->error = loaded.status().message();
       return n;
     }
-    bool ok = true;
-    auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      if (fn == nullptr) {
-        ok = false;
-        n->error = fmt::format("libnccl.so.2 lacks {} (too old?)", name);
-      }
-    };
-    sym(n->GetUniqueId, "ncclGetUniqueId");
-    sym(n->CommInitRank, "ncclCommInitRank");
-    sym(n->CommDestroy, "ncclCommDestroy");
-    sym(n->CommAbort, "ncclCommAbort");
-    sym(n->CommGetAsyncError, "ncclCommGetAsyncError");
-    sym(n->GetErrorString, "ncclGetErrorString");
-    sym(n->AllReduce, "ncclAllReduce");
-    sym(n->ReduceScatter, "ncclReduceScatter");
-    sym(n->AllGather, "ncclAllGather");
-    sym(n->Broadcast, "ncclBroadcast");
-    sym(n->Reduce, "ncclReduce");
-    sym(n->Send, "ncclSend");
-    sym(n->Recv, "ncclRecv");
-    sym(n->GroupStart, "ncclGroupStart");
-    sym(n->GroupEnd, "ncclGroupEnd");
-    sym(n->GetVersion, "ncclGetVersion");
-    if (!ok) n->GetUniqueId = nullptr;
+    lib = new DynamicLibrary(std::move(loaded).value());
+    n->path = lib->path();
     return n;
   }();
   return *nccl;
@@ -146,7 +113,7 @@ Status NcclCommunicator::Check(int result, const char* what) {
   if (result == ncclSuccess) return Status::OK();
   failed_ = true;
   const Nccl& n = LoadNccl();
-  return Status::Internal("NCCL {} failed: {}", what, n.GetErrorString(static_cast<ncclResult_t>(result)));
+  return Status::Unavailable("NCCL {} failed: {}", what, n.GetErrorString(static_cast<ncclResult_t>(result)));
 }
 
 StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(const Topology& topology, cudaStream_t stream) {
@@ -170,7 +137,7 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(const Topol
   ncclComm_t comm = nullptr;
   const ncclResult_t r = n.CommInitRank(&comm, topology.world, id, topology.rank);
   if (r != ncclSuccess) {
-    return Status::Internal("ncclCommInitRank (rank {} of {}) failed: {}", topology.rank, topology.world,
+    return Status::Unavailable("ncclCommInitRank (rank {} of {}) failed: {}", topology.rank, topology.world,
                             n.GetErrorString(r));
   }
   c->comm_ = comm;
@@ -280,7 +247,7 @@ Status NcclCommunicator::Barrier() {
 }
 
 Status NcclCommunicator::Synchronize() {
-  if (failed_) return Status::Internal("the NCCL communicator failed earlier and cannot be used");
+  if (failed_) return Status::Unavailable("the NCCL communicator failed earlier and cannot be used");
   const Nccl& n = LoadNccl();
   using Clock = std::chrono::steady_clock;
   const auto deadline =
@@ -293,11 +260,11 @@ Status NcclCommunicator::Synchronize() {
     n.CommGetAsyncError(static_cast<ncclComm_t>(comm_), &async);
     if (async != ncclSuccess && async != ncclInProgress) {
       failed_ = true;
-      return Status::Internal("NCCL reported an asynchronous error: {}", n.GetErrorString(async));
+      return Status::Unavailable("NCCL reported an asynchronous error: {}", n.GetErrorString(async));
     }
     if (Clock::now() > deadline) {
       failed_ = true;
-      return Status::Internal("NCCL collectives on rank {} of {} did not complete within {:.0f} s "
+      return Status::DeadlineExceeded("NCCL collectives on rank {} of {} did not complete within {:.0f} s "
                               "(TRAINFLOW_COMM_TIMEOUT): a peer rank has probably died or hung",
                               rank_, world_, timeout_s_);
     }

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 namespace tf::comm {
 

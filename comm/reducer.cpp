@@ -350,4 +350,22 @@ Status GradientReducer::ReduceSparse(const Bucket& b, uint64_t seed) {
   return Status::OK();
 }
 
+Status GradientReducer::GetState(std::vector<float>* residual, std::vector<float>* server) {
+  residual->assign(residual_.span().begin(), residual_.span().end());
+  server->assign(server_residual_.span().begin(), server_residual_.span().end());
+  return Status::OK();
+}
+
+Status GradientReducer::SetState(std::span<const float> residual, std::span<const float> server) {
+  if (static_cast<int64_t>(residual.size()) != residual_.size() ||
+      static_cast<int64_t>(server.size()) != server_residual_.size()) {
+    return Status::InvalidArgument("error-feedback state has {} + {} elements, this reducer ({}) keeps {} + {}",
+                                   residual.size(), server.size(), CodecName(options_.codec), residual_.size(),
+                                   server_residual_.size());
+  }
+  std::copy(residual.begin(), residual.end(), residual_.data());
+  std::copy(server.begin(), server.end(), server_residual_.data());
+  return Status::OK();
+}
+
 }  // namespace tf::comm

@@ -22,8 +22,8 @@
 //                      (with its own "server" residual) and all-gathers; everyone decodes.
 //   topk               every rank encodes the whole bucket; all-gather of (index, value) pairs;
 //                      everyone decode-accumulates the W contributions in rank order.
-// Error feedback (lossy codecs): residual() holds what was not sent yet, per element (plus the
-// owner's server residual); both are training state, saved with checkpoints.
+// Error feedback (lossy codecs): the residual holds what was not sent yet, per element (plus the
+// owner's server residual); both are training state (GetState/SetState), saved with checkpoints.
 //
 // Thread safety: MarkReady/Finish/BeginStep from one (compute) thread; the communication thread
 // touches a bucket's gradient range only between the bucket's completion and Finish(), and the
@@ -43,35 +43,10 @@
 
 #include "comm/codec.h"
 #include "comm/communicator.h"
-#include "kernels/buffer.h"
+#include "comm/grad_sync.h"
+#include "base/aligned_buffer.h"
 
 namespace tf::comm {
-
-struct ReducerOptions {
-  int64_t bucket_bytes = int64_t{25} << 20;      // PyTorch DDP's default bucket_cap_mb = 25
-  int64_t first_bucket_bytes = int64_t{1} << 20;  // DDP's first bucket: start communicating early
-  CodecConfig codec;                              // kNone: exact fp32 average
-  bool error_feedback = true;                     // lossy codecs: carry what was not sent
-  uint64_t seed = 0;                              // stochastic rounding streams
-};
-
-struct Bucket {
-  int64_t begin = 0, end = 0;  // flat range of the gradient buffer
-  int64_t size() const { return end - begin; }
-};
-
-// Per-step measurements (of the last finished step).
-struct ReducerStats {
-  int buckets = 0;
-  int64_t raw_bytes = 0;     // fp32 bytes averaged (the gradient size)
-  int64_t wire_bytes = 0;    // bytes this rank sent, counting a ring/pairwise algorithm per collective
-  double comm_ms = 0;        // time inside collectives (communication thread)
-  double codec_ms = 0;       // time encoding/decoding (communication thread)
-  double exposed_ms = 0;     // time Finish() waited: communication not hidden behind backward
-  int overlapped_buckets = 0;  // buckets already reduced when Finish() was called (hidden by backward)
-  double busbw_gbps() const { return comm_ms > 0 ? wire_bytes / (comm_ms * 1e6) : 0.0; }
-  double compression() const { return wire_bytes > 0 ? static_cast<double>(raw_bytes) / wire_bytes : 0.0; }
-};
 
 // Splits `ready_order` ranges into buckets as described above. Pure; exposed for tests.
 std::vector<Bucket> PlanBuckets(const std::vector<std::pair<int64_t, int64_t>>& ready_order, int64_t bucket_bytes,
@@ -85,31 +60,32 @@ std::pair<int64_t, int64_t> ShardOf(const Bucket& b, int r, int W, const CodecCo
 // splitmix64 finaliser, for reproducible per-(step, bucket, rank, shard) codec seeds.
 uint64_t MixSeed(uint64_t x);
 
-class GradientReducer {
+class GradientReducer final : public GradientSync {
  public:
   // `grads` must outlive the reducer. ready_order must cover grads exactly once (checked).
   static StatusOr<std::unique_ptr<GradientReducer>> Create(Communicator* comm, std::span<float> grads,
                                                            const std::vector<std::pair<int64_t, int64_t>>& ready_order,
                                                            const ReducerOptions& options);
-  ~GradientReducer();
+  ~GradientReducer() override;
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
   // Starts a step: every bucket waits for its ranges again. `step` seeds stochastic rounding.
-  void BeginStep(int64_t step);
+  void BeginStep(int64_t step) override;
   // [begin, end) of the gradient buffer is final for this step. Must be one of the ranges of
   // ready_order, or a union of consecutive ones.
-  void MarkReady(int64_t begin, int64_t end);
+  void MarkReady(int64_t begin, int64_t end) override;
   // Waits until every bucket is reduced; afterwards grads hold the rank average. Errors: a
   // collective failed or timed out, or some range was never marked ready (names it).
-  Status Finish();
+  Status Finish() override;
 
-  const std::vector<Bucket>& buckets() const { return buckets_; }
-  const ReducerStats& last_stats() const { return stats_; }
-  const ReducerOptions& options() const { return options_; }
-  // Error-feedback state (length grads.size(); zeros for exact codecs): worker and server residuals.
-  std::span<float> residual() { return residual_.span(); }
-  std::span<float> server_residual() { return server_residual_.span(); }
+  const std::vector<Bucket>& buckets() const override { return buckets_; }
+  StatusOr<ReducerStats> LastStats() override { return stats_; }
+  const ReducerOptions& options() const override { return options_; }
+  // Error feedback: worker and server residuals (grads.size() each, when the codec keeps them).
+  std::pair<int64_t, int64_t> state_sizes() const override { return {residual_.size(), server_residual_.size()}; }
+  Status GetState(std::vector<float>* residual, std::vector<float>* server) override;
+  Status SetState(std::span<const float> residual, std::span<const float> server) override;
 
  private:
   GradientReducer(Communicator* comm, std::span<float> grads, const ReducerOptions& options);

@@ -1,27 +1,22 @@
-// `trainflow bench`: times training steps (forward, backward, AdamW) of a model config on
+// `trainflow bench`: times Trainer::Step — the step `trainflow train` runs, on the backend the
+// training config selects (CPU or CUDA, every model option from engine/train_config.h) — on
 // synthetic tokens. Warm-up steps are excluded; reports the median (and min/max) of N steps,
-// tokens/s and the achieved FLOP rate counting 6 * params * tokens per step.
+// tokens/s and the achieved FLOP rate counting 6 * params * tokens per step; on CUDA also MFU and,
+// with profile_steps, each piece of GPU work against its roofline (model/step_work.h).
 #pragma once
 #include <string>
 #include <vector>
 
-#include "kernels/status.h"
+#include "base/status.h"
+#include "engine/train_config.h"
 #include "model/config.h"
 
 namespace tf {
 
 struct BenchOptions {
-  int batch = 4, seq = 64, steps = 20, warmup = 3, threads = 0;
+  int steps = 20, warmup = 3;
   bool gemm_peak = false;  // also measure the machine's SGEMM rate in the same run (CPU)
-  std::string device = "auto";  // "auto" (cuda when a GPU is visible, as `train` does), "cpu" or "cuda"
-  std::string dtype = "bf16";  // CUDA storage type: "bf16" or "fp32"
-  double peak_tflops = 0;      // CUDA: the device's peak for MFU (0 = H100/H200 dense: bf16 989, fp32 67)
-  // CUDA model options (model/gpt2_cuda.h GPT2CudaOptions).
-  std::string attention = "flash";  // flash, flash_simt, gemm or cudnn
-  int recompute = 0;                // 0, 1 or 2
-  int gelu_fusion = -1;             // -1 (auto), 0, 1 or 2
-  bool fuse_residual = true;
-  bool deterministic_attention = true;  // cuDNN attention's backward without atomics
+  double peak_tflops = 0;  // CUDA: the device's peak for MFU (0 = H100/H200 dense: bf16 989, fp32 67)
   // CUDA: after the timed steps, this many more steps with every piece of GPU work timed by name
   // (cuda::RangeProfiler), printed as a table (0 = none).
   int profile_steps = 0;
@@ -29,6 +24,7 @@ struct BenchOptions {
 
 struct BenchResult {
   std::string device;  // the device the steps ran on: "cpu" or "cuda"
+  std::string describe;  // the backend's description
   double median_ms = 0, min_ms = 0, max_ms = 0, tokens_per_s = 0, gflops = 0;
   double gemm_peak_gflops = 0;  // 0 when not measured
   double mfu = 0;               // CUDA: achieved FLOP/s over peak_tflops
@@ -57,7 +53,9 @@ struct BenchResult {
   double roofline_mfu = 0;
 };
 
-StatusOr<BenchResult> RunBench(const GPT2Config& config, const BenchOptions& options);
+// `train` supplies the batch shape (batch_size, seq_len, grad_accum_steps), the device and the
+// model options; its data, output and evaluation keys are ignored.
+StatusOr<BenchResult> RunBench(const GPT2Config& config, TrainConfig train, const BenchOptions& options);
 // Median GFLOP/s of a float GEMM through the build's engine (cpu::matmul_forward) (n x k) @ (k x m), warm-up excluded: the machine ceiling.
 double MeasureGemmPeak(int n, int k, int m, int reps);
 

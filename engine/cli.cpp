@@ -1,8 +1,9 @@
 #include "engine/cli.h"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include "engine/bench.h"
 #include "engine/env_report.h"
@@ -21,6 +23,7 @@
 #include "kernels/matmul.h"
 #include "model/gpt2.h"
 #include "model/gpt2_weights.h"
+#include "model/json_util.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
 
@@ -30,10 +33,18 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+// Prints the error ("trainflow: error: <code>: <message>", docs/exit-codes.md) and returns the exit
+// code its class maps to.
 int Fail(const Status& s) {
-  std::fprintf(stderr, "trainflow: error: %s\n", s.ToString().c_str());
-  return 1;
+  spdlog::error("{}", s.ToString());
+  return ExitCodeFor(s.code());
 }
+
+constexpr const char* kExitCodesHelp =
+    "Exit codes: 0 done; 1 internal error; 2 bad configuration, flag or input (do not retry); 3 peer or\n"
+    "communication failure or timeout (retry); 4 I/O error from the OS or storage; 5 stopped by\n"
+    "SIGINT/SIGTERM or stop_at_step after finishing a step and writing the outputs (resumable).\n"
+    "docs/exit-codes.md has the details.";
 
 // "--key value" / "--key=value" pairs left over after CLI11 parsed the known flags.
 StatusOr<std::vector<std::pair<std::string, std::string>>> ParseOverrides(const std::vector<std::string>& extras) {
@@ -48,7 +59,11 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> ParseOverrides(const 
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
     } else {
-      if (i + 1 >= extras.size()) return Status::InvalidArgument("override --{} has no value", key);
+      const bool next_is_flag = i + 1 < extras.size() && extras[i + 1].starts_with("--");
+      if (i + 1 >= extras.size() || next_is_flag) {
+        return Status::InvalidArgument("override --{} has no value{}", key,
+                                       next_is_flag ? " (the next argument is " + extras[i + 1] + ")" : "");
+      }
       value = extras[++i];
     }
     for (char& ch : key) ch = ch == '-' ? '_' : ch;  // --max-steps == --max_steps
@@ -63,11 +78,13 @@ StatusOr<GPT2Config> ResolveModelConfig(const std::string& model_path, const std
   if (!model_path.empty()) return LoadModelConfig(model_path);
   TF_ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(weights_path));
   if (auto it = contents.metadata.find("trainflow.model_config"); it != contents.metadata.end()) {
-    json j = json::parse(it->second, nullptr, false);
-    return ParseModelConfig(j, weights_path + " (metadata)");
+    const std::string source = weights_path + " (metadata trainflow.model_config)";
+    TF_ASSIGN_OR_RETURN(json j, ParseJson(it->second, source, /*allow_comments=*/false));
+    return ParseModelConfig(j, source);
   }
   const fs::path hf = fs::path(weights_path).parent_path() / "config.json";
-  if (fs::exists(hf)) {
+  std::error_code ec;
+  if (fs::exists(hf, ec)) {
     TF_ASSIGN_OR_RETURN(json j, ReadJsonFile(hf.string(), "Hugging Face config"));
     try {
       GPT2Config c;
@@ -98,45 +115,54 @@ StatusOr<std::unique_ptr<GPT2>> LoadModel(const std::string& model_path, const s
   return model;
 }
 
-int CmdTrain(const std::string& model_path, const std::string& train_path, const std::string& init_from,
-             const std::vector<std::string>& extras) {
-  auto overrides = ParseOverrides(extras);
-  if (!overrides.ok()) return Fail(overrides.status());
-  auto model_json = ReadJsonFile(model_path, "model config");
-  if (!model_json.ok()) return Fail(model_json.status());
+// Model and training configs from files plus "--key value" overrides.
+Status LoadConfigs(const std::string& model_path, const std::string& train_path,
+                   const std::vector<std::string>& extras, const std::function<void(json*)>& adjust,
+                   GPT2Config* model, TrainConfig* train) {
+  TF_ASSIGN_OR_RETURN(auto overrides, ParseOverrides(extras));
+  TF_ASSIGN_OR_RETURN(json model_json, ReadJsonFile(model_path, "model config"));
   json train_json = json::object();
   if (!train_path.empty()) {
-    auto tj = ReadJsonFile(train_path, "training config");
-    if (!tj.ok()) return Fail(tj.status());
-    train_json = *tj;
+    TF_ASSIGN_OR_RETURN(train_json, ReadJsonFile(train_path, "training config"));
   }
-  if (!init_from.empty()) train_json["init_from"] = init_from;
-  ApplyOverrides(*overrides, &*model_json, &train_json);
-  const std::string suffix = overrides->empty() ? "" : " + command-line overrides";
-  auto model = ParseModelConfig(*model_json, model_path + suffix);
-  if (!model.ok()) return Fail(model.status());
-  auto train = ParseTrainConfig(train_json, (train_path.empty() ? "training options" : train_path) + suffix);
-  if (!train.ok()) return Fail(train.status());
-  auto trainer = Trainer::Create(*model, *train, Trainer::Options{});
+  if (adjust) adjust(&train_json);
+  ApplyOverrides(overrides, &model_json, &train_json);
+  const std::string suffix = overrides.empty() ? "" : " + command-line overrides";
+  TF_ASSIGN_OR_RETURN(*model, ParseModelConfig(model_json, model_path + suffix));
+  TF_ASSIGN_OR_RETURN(*train, ParseTrainConfig(train_json, (train_path.empty() ? "training options" : train_path) +
+                                                               suffix));
+  return Status::OK();
+}
+
+int CmdTrain(const std::string& model_path, const std::string& train_path, const std::string& init_from,
+             const std::vector<std::string>& extras) {
+  GPT2Config model;
+  TrainConfig train;
+  Status s = LoadConfigs(model_path, train_path, extras, [&](json* t) {
+    if (!init_from.empty()) (*t)["init_from"] = init_from;
+  }, &model, &train);
+  if (!s.ok()) return Fail(s);
+  auto trainer = Trainer::Create(model, train, Trainer::Options{});
   if (!trainer.ok()) return Fail(trainer.status());
   auto result = (*trainer)->Run();
   if (!result.ok()) return Fail(result.status());
-  return 0;
+  return result->stopped ? kExitStopped : kExitOk;
 }
 
 }  // namespace
 
 int RunCli(int argc, char** argv) {
-  CLI::App app{"TrainFlow: GPT-2 training engine (CPU backend)", "trainflow"};
+  CLI::App app{"TrainFlow: a fault-tolerant GPT-2 training engine (CPU and CUDA backends)", "trainflow"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "trainflow 0.1.0");
+  app.footer(kExitCodesHelp);
 
   // train
   auto* train = app.add_subcommand("train", "Train a model: --model M.json --train T.json [--key value overrides]");
   std::string model_path, train_path, init_from;
   train->add_option("--model", model_path, "Model config JSON (configs/*.json)")->required();
   train->add_option("--train", train_path, "Training config JSON");
-  train->add_option("--init-from", init_from, "Start from Hugging Face GPT-2 safetensors weights");
+  auto* init_opt = train->add_option("--init-from", init_from, "Start from Hugging Face GPT-2 safetensors weights");
   train->allow_extras();
   train->footer("Any training or model config key can be overridden: --max_steps 50 --lr 1e-3 --n_layer 2");
 
@@ -157,28 +183,33 @@ int RunCli(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "Mean loss of weights on a token file");
   std::string weights, data;
   int batch = 4, seq = 0, batches = 16;
+  std::string eval_device = "auto";
   eval->add_option("--weights", weights, "safetensors weights (Hugging Face GPT-2 names)")->required();
   eval->add_option("--model", model_path, "Model config (default: from the weights' metadata or config.json)");
   eval->add_option("--data", data, "Token file")->required();
   eval->add_option("--batch-size", batch, "Sequences per batch")->capture_default_str();
   eval->add_option("--seq-len", seq, "Sequence length (default: block_size)");
   eval->add_option("--batches", batches, "Number of batches (from the start of the file)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  eval->add_option("--device", eval_device, "auto (cuda when a GPU is visible), cpu or cuda; fp32 either way")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
 
   // sample
   auto* sample = app.add_subcommand("sample", "Generate text from weights");
   std::string prompt;
   SampleOptions sopt;
+  int64_t sample_seed = static_cast<int64_t>(sopt.seed);
   sample->add_option("--weights", weights, "safetensors weights")->required();
   sample->add_option("--model", model_path, "Model config (default: from the weights' metadata or config.json)");
   sample->add_option("--prompt", prompt, "Prompt text (default: end-of-text, or a newline for byte)");
   sample->add_option("--tokens", sopt.num_tokens, "Tokens to generate")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   sample->add_option("--temperature", sopt.temperature, "Softmax temperature (> 0)")->capture_default_str();
   sample->add_option("--top-k", sopt.top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
-  sample->add_option("--seed", sopt.seed, "Sampling seed")->capture_default_str();
+  sample->add_option("--seed", sample_seed, "Sampling seed (>= 0)")->check(CLI::NonNegativeNumber)->capture_default_str();
   sample->add_option("--tokenizer", tok_kind, "byte or gpt2")->capture_default_str();
   sample->add_option("--tokenizer-dir", tok_dir, "Directory with encoder.json and vocab.bpe")->capture_default_str();
 
@@ -198,46 +229,52 @@ int RunCli(int argc, char** argv) {
   auto* env = app.add_subcommand("env", "What this build is and finds here: CUDA, GPUs, cuBLASLt, NCCL, cuDNN, MPI");
 
   // bench
-  auto* bench = app.add_subcommand("bench", "Time training steps (median of N, warm-up excluded)");
+  auto* bench = app.add_subcommand("bench", "Time the training step `train` runs (median of N, warm-up excluded)");
   BenchOptions bopt;
+  std::string bench_train;
+  bool no_fuse_residual = false, nondeterministic = false;
   bench->add_option("--model", model_path, "Model config")->required();
-  bench->add_option("--batch-size", bopt.batch, "B")->capture_default_str();
-  bench->add_option("--seq-len", bopt.seq, "T")->capture_default_str();
-  bench->add_option("--steps", bopt.steps, "Timed steps")->capture_default_str();
-  bench->add_option("--warmup", bopt.warmup, "Untimed warm-up steps")->capture_default_str();
-  bench->add_option("--threads", bopt.threads, "OpenMP threads (0 = all)")->capture_default_str();
-  bench->add_option("--device", bopt.device, "auto (cuda when a GPU is visible), cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str();
-  bench->add_option("--dtype", bopt.dtype, "CUDA storage type: bf16 or fp32")->capture_default_str();
+  bench->add_option("--train", bench_train, "Training config (batch shape, device, model options)");
+  bench->add_option("--steps", bopt.steps, "Timed steps")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  bench->add_option("--warmup", bopt.warmup, "Untimed warm-up steps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   bench->add_option("--peak-tflops", bopt.peak_tflops, "CUDA peak for MFU (default H100/H200 dense: bf16 989, fp32 67)");
   bench->add_flag("--gemm-peak", bopt.gemm_peak, "Also measure the SGEMM ceiling (2048^3, the build's GEMM engine)");
-  bench->add_option("--attention", bopt.attention, "CUDA attention: flash, flash_simt, gemm or cudnn")
-      ->check(CLI::IsMember({"flash", "flash_simt", "gemm", "cudnn"}))
-      ->capture_default_str();
-  bench->add_option("--recompute", bopt.recompute, "CUDA activation recomputation: 0, 1 (GELU) or 2 (+LayerNorms)")
-      ->check(CLI::Range(0, 2))
-      ->capture_default_str();
-  bench->add_option("--gelu-fusion", bopt.gelu_fusion,
-                    "CUDA GELU in the GEMM epilogues: 0 none, 1 forward, 2 forward+backward, -1 auto (bf16 2, fp32 0)")
-      ->check(CLI::Range(-1, 2))
-      ->capture_default_str();
-  bench->add_flag("!--no-fuse-residual", bopt.fuse_residual,
-                  "CUDA: separate residual-add kernels instead of folding them into the GEMMs");
-  bench->add_flag("!--nondeterministic-attention", bopt.deterministic_attention,
-                  "CUDA, --attention cudnn: the backward with fp32 atomics for dQ (faster, not bit-reproducible)");
+  bench->add_flag("--no-fuse-residual", no_fuse_residual, "CUDA: as --fuse-residual false");
+  bench->add_flag("--nondeterministic-attention", nondeterministic, "CUDA, attention cudnn: as --deterministic false");
   bench->add_option("--profile-steps", bopt.profile_steps,
                     "CUDA: after the timed steps, N more with the GPU time of each piece of work (table)")
       ->check(CLI::Range(0, 100))
       ->capture_default_str();
+  bench->allow_extras();
+  bench->footer(
+      "Any training config key can be given as --key value (docs/configs.md), defined once for train and bench:\n"
+      "  --batch-size 4 --seq-len 64 --grad-accum-steps 1 --threads 0 --device auto|cpu|cuda --dtype bf16|fp32\n"
+      "  --attention flash|flash_simt|gemm|cudnn --recompute 0|1|2 --gelu-fusion -1|0|1|2 (-1: the default,\n"
+      "  docs/cuda.md) --fuse-residual true|false --deterministic true|false");
 
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == argv[1];
+    if (!known) {
+      std::string names;
+      for (const CLI::App* sub : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
+      return Fail(Status::InvalidArgument("unknown command '{}' (commands: {}; see trainflow --help)",
+                                          QuoteForMessage(argv[1]), names));
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return app.exit(e) == 0 ? 0 : kExitBadInput;
   }
 
-  if (train->parsed()) return CmdTrain(model_path, train_path, init_from, train->remaining());
+  if (train->parsed()) {
+    if (init_opt->count() > 0 && init_from.empty()) {
+      return Fail(Status::InvalidArgument("--init-from is empty: give a safetensors file, or leave the flag out "
+                                          "to start from random weights"));
+    }
+    return CmdTrain(model_path, train_path, init_from, train->remaining());
+  }
 
   if (prepare->parsed()) {
     auto tok = MakeTokenizer(tok_kind, tok_dir);
@@ -251,25 +288,37 @@ int RunCli(int argc, char** argv) {
   }
 
   if (eval->parsed()) {
-    auto model = LoadModel(model_path, weights, batch, seq);
-    if (!model.ok()) return Fail(model.status());
-    GPT2& m = **model;
-    auto loader = DataLoader::Open(data, m.config().vocab_size, batch, m.max_seq());
-    if (!loader.ok()) return Fail(loader.status());
-    std::vector<int32_t> in(static_cast<size_t>(batch) * m.max_seq()), tg(in.size());
-    double sum = 0;
-    for (int i = 0; i < batches; ++i) {
-      loader->Load(i, in.data(), tg.data());
-      sum += m.Forward(in.data(), tg.data(), batch, m.max_seq());
+    auto config = ResolveModelConfig(model_path, weights);
+    if (!config.ok()) return Fail(config.status());
+    const int T = seq > 0 ? seq : config->block_size;
+    if (T > config->block_size) {
+      return Fail(Status::InvalidArgument("--seq-len {} exceeds the model's block_size {}", T, config->block_size));
     }
-    const double loss = sum / std::max(1, batches);
-    fmt::print("eval: {} batches x {} x {} tokens of {}: loss {:.6f} (ppl {:.2f})\n", batches, batch, m.max_seq(),
-               data, loss, std::exp(loss));
+    if (batch <= 0) return Fail(Status::InvalidArgument("--batch-size must be positive, got {}", batch));
+    TrainConfig tc;
+    tc.batch_size = batch;
+    tc.seq_len = T;
+    tc.device = eval_device;
+    tc.dtype = "fp32";
+    auto backend = MakeTrainBackend(*config, tc, comm::Topology{});
+    if (!backend.ok()) return Fail(backend.status());
+    std::vector<float> params(static_cast<size_t>((*backend)->layout().total()));
+    if (Status s = ImportHFWeights(weights, *config, params); !s.ok()) return Fail(s);
+    if (Status s = (*backend)->SetParams(params); !s.ok()) return Fail(s);
+    auto loader = DataLoader::Open(data, config->vocab_size, batch, T);
+    if (!loader.ok()) return Fail(loader.status());
+    auto loss = Trainer::MeanLoss(**backend, *loader, batches);
+    if (!loss.ok()) return Fail(loss.status());
+    fmt::print("eval: {} batches x {} x {} tokens of {}: loss {:.6f} (ppl {:.2f})\n", batches, batch, T, data, *loss,
+               std::exp(*loss));
     return 0;
   }
 
   if (sample->parsed()) {
-    if (!(sopt.temperature > 0)) return Fail(Status::InvalidArgument("--temperature must be > 0"));
+    if (!(sopt.temperature > 0) || !std::isfinite(sopt.temperature)) {
+      return Fail(Status::InvalidArgument("--temperature must be a finite number > 0, got {}", sopt.temperature));
+    }
+    sopt.seed = static_cast<uint64_t>(sample_seed);
     if (sopt.top_k < 0) return Fail(Status::InvalidArgument("--top-k must be >= 0"));
     auto tok = MakeTokenizer(tok_kind, tok_dir);
     if (!tok.ok()) return Fail(tok.status());
@@ -309,17 +358,15 @@ int RunCli(int argc, char** argv) {
     else if (dtype == "f16") dt = SafetensorsDtype::kF16;
     else if (dtype == "bf16") dt = SafetensorsDtype::kBF16;
     else return Fail(Status::InvalidArgument("--dtype must be f32, f16 or bf16, got '{}'", dtype));
-    std::error_code ec;
-    fs::create_directories(out_dir, ec);
-    if (ec) return Fail(Status::IOError("cannot create '{}': {}", out_dir, ec.message()));
+    if (Status s = Env::Default()->CheckWritableDir(out_dir); !s.ok()) return Fail(s);
     const GPT2Config& c = model->config();
     const std::string path = (fs::path(out_dir) / "model.safetensors").string();
     Status s = ExportHFWeights(path, c, model->params(), {{"trainflow.model_config", ModelConfigToJson(c).dump()}},
                                dt);
     if (!s.ok()) return Fail(s);
-    std::ofstream cfg(fs::path(out_dir) / "config.json");
-    cfg << HFConfigJson(c);
-    if (!cfg) return Fail(Status::IOError("cannot write {}/config.json", out_dir));
+    if (Status w = Env::Default()->WriteFileAtomically(out_dir + "/config.json", HFConfigJson(c)); !w.ok()) {
+      return Fail(w);
+    }
     fmt::print("export: wrote {} ({}) and config.json\n", path, dtype);
     return 0;
   }
@@ -330,14 +377,19 @@ int RunCli(int argc, char** argv) {
   }
 
   if (bench->parsed()) {
-    auto config = LoadModelConfig(model_path);
-    if (!config.ok()) return Fail(config.status());
-    auto r = RunBench(*config, bopt);
+    GPT2Config config;
+    TrainConfig tc;
+    Status s = LoadConfigs(model_path, bench_train, bench->remaining(), [&](json* t) {
+      if (no_fuse_residual) (*t)["fuse_residual"] = false;
+      if (nondeterministic) (*t)["deterministic"] = false;
+    }, &config, &tc);
+    if (!s.ok()) return Fail(s);
+    auto r = RunBench(config, tc, bopt);
     if (!r.ok()) return Fail(r.status());
     const std::string where = r->device == "cuda" ? "device=cuda" : fmt::format("threads={}", omp_get_max_threads());
     fmt::print("bench: {} ({:.1f}M params) B={} T={} {}: median {:.2f} ms/step (min {:.2f}, max {:.2f}) "
                "over {} steps after {} warm-up, {:.0f} tokens/s, {:.1f} GFLOP/s (6*params*tokens)\n",
-               model_path, NumParameters(*config) / 1e6, bopt.batch, bopt.seq, where, r->median_ms, r->min_ms,
+               model_path, NumParameters(config) / 1e6, tc.batch_size, tc.seq_len, where, r->median_ms, r->min_ms,
                r->max_ms, bopt.steps, bopt.warmup, r->tokens_per_s, r->gflops);
     if (r->gemm_peak_gflops > 0) {
       fmt::print("bench: SGEMM ceiling {:.1f} GFLOP/s ({} 2048^3, median); training step at {:.1f}% of it\n",
@@ -346,7 +398,7 @@ int RunCli(int argc, char** argv) {
     if (r->device == "cuda") {
       fmt::print("bench: {} on CUDA ({}): MFU {:.1f}% (6*params), {:.1f}% with attention FLOPs (llm.c's count); "
                  "device memory {:.2f} GB planned, {:.2f} GB in use\n",
-                 bopt.dtype, r->cuda_options, 100.0 * r->mfu, 100.0 * r->mfu_with_attention, r->planned_gb,
+                 tc.dtype, r->cuda_options, 100.0 * r->mfu, 100.0 * r->mfu_with_attention, r->planned_gb,
                  r->device_used_gb);
     }
     if (!r->profile.empty()) {

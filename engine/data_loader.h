@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 namespace tf {
 

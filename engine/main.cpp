@@ -1,24 +1,35 @@
-// trainflow: the single binary. Only main() turns errors into exit codes (see engine/cli.h).
-#include "comm/process_group.h"
-#include "engine/cli.h"
-
+// trainflow: the single binary. Only main() turns errors into exit codes (base/status.h ExitCode,
+// docs/exit-codes.md).
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
 
+#include "base/log.h"
+#include "base/status.h"
+#include "base/stop_signal.h"
+#include "comm/process_group.h"
+#include "engine/cli.h"
+
 int main(int argc, char** argv) {
+  tf::LogOptions log;
+  log.rank = tf::RankFromEnvironment();
+  if (const char* level = std::getenv("TRAINFLOW_LOG_LEVEL")) log.level = level;
+  if (const char* file = std::getenv("TRAINFLOW_LOG_FILE")) log.file = file;
+  if (tf::Status s = tf::InitLogging(log); !s.ok()) spdlog::warn("{}", s.message());
+  tf::InstallStopSignalHandlers();
   // Library code reports errors as Status; this is the last line of defence against an exception
   // escaping from a dependency (e.g. allocation failure in a standard container).
-  int rc = 1;
+  int rc = tf::kExitInternal;
   try {
     rc = tf::RunCli(argc, argv);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "trainflow: error: out of memory\n");
+    spdlog::error("out of memory");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "trainflow: error: %s\n", e.what());
+    spdlog::error("{}", e.what());
   }
   // A rank that fails alone in a data-parallel job must take the job down: its peers may be
   // waiting in a collective it will never join (MPI_Finalize would wait for them in turn).
-  if (rc != 0) tf::comm::AbortProcessGroupOnError(rc);
+  if (rc != tf::kExitOk && rc != tf::kExitStopped) tf::comm::AbortProcessGroupOnError(rc);
   return rc;
 }

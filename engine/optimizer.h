@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "kernels/buffer.h"
+#include "base/aligned_buffer.h"
 #include "kernels/optimizer.h"
 #include "model/parameters.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.h"
+#include "base/status.h"
 #include "model/tokenizer.h"
 
 namespace tf {

@@ -21,7 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.h"
+#include "base/env.h"
+#include "base/status.h"
 
 namespace tf {
 
@@ -34,13 +35,13 @@ inline constexpr uint32_t kTokenFileMagicLowHalf = static_cast<uint32_t>(kTokenF
 inline constexpr uint32_t kTokenFileMagicHighHalf = static_cast<uint32_t>(kTokenFileMagic) >> 16;
 
 // Reads either layout; returns the tokens (not yet checked against a vocabulary).
-StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& path);
+StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& path, Env* env = Env::Default());
 
-// Writes atomically (<path>.tmp, fsync, rename). REQUIRES for OK: with_header -> tokens.size()
+// Writes atomically (Env::WriteFileAtomically). REQUIRES for OK: with_header -> tokens.size()
 // <= INT32_MAX (the count is an int32); !with_header -> tokens non-empty (an empty file is
 // rejected by the reader).
-Status WriteTokenFile(const std::string& path, std::span<const uint16_t> tokens,
-                      bool with_header = true);
+Status WriteTokenFile(const std::string& path, std::span<const uint16_t> tokens, bool with_header = true,
+                      Env* env = Env::Default());
 
 // OK if every token is < vocab_size, else InvalidArgument
 // "<path>: token id X at position P is >= vocab size V" for the first offender.

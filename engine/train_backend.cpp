@@ -6,8 +6,6 @@
 
 #include "engine/optimizer.h"
 #if defined(TF_WITH_CUDA)
-#include "comm/device_reducer.h"
-#include "comm/nccl_communicator.h"
 #include "kernels/cuda_runtime.h"
 #include "model/gpt2_cuda.h"
 #endif
@@ -15,12 +13,21 @@
 namespace tf {
 namespace {
 
+Status CheckSizes(const ParameterLayout& layout, size_t a, size_t b, const char* what) {
+  const auto n = static_cast<size_t>(layout.total());
+  if (a != n || b != n) return Status::InvalidArgument("{}: {} and {} values for {} parameters", what, a, b, n);
+  return Status::OK();
+}
+
 class CpuBackend final : public TrainBackend {
  public:
   CpuBackend(std::unique_ptr<GPT2> model, std::unique_ptr<AdamW> optimizer)
       : model_(std::move(model)), optimizer_(std::move(optimizer)) {}
 
-  std::string Describe() const override { return fmt::format("cpu ({} threads)", omp_get_max_threads()); }
+  std::string Describe() const override {
+    const int n = omp_get_max_threads();
+    return fmt::format("cpu ({} thread{})", n, n == 1 ? "" : "s");
+  }
   const ParameterLayout& layout() const override { return model_->layout(); }
   Status ZeroGrad() override {
     model_->ZeroGrad();
@@ -37,15 +44,32 @@ class CpuBackend final : public TrainBackend {
     return optimizer_->Step(model_->params(), model_->grads(), lr, t);
   }
   Status GetParams(std::span<float> out) override {
+    TF_RETURN_IF_ERROR(CheckSizes(layout(), out.size(), out.size(), "GetParams"));
     std::copy(model_->params().begin(), model_->params().end(), out.begin());
     return Status::OK();
   }
   Status SetParams(std::span<const float> in) override {
+    TF_RETURN_IF_ERROR(CheckSizes(layout(), in.size(), in.size(), "SetParams"));
     std::copy(in.begin(), in.end(), model_->params().begin());
     return Status::OK();
   }
-  std::span<float> host_grads() override { return model_->grads(); }
-  std::span<float> host_params() override { return model_->params(); }
+  Status GetOptimizerState(std::span<float> m, std::span<float> v) override {
+    TF_RETURN_IF_ERROR(CheckSizes(layout(), m.size(), v.size(), "GetOptimizerState"));
+    std::copy(optimizer_->m().begin(), optimizer_->m().end(), m.begin());
+    std::copy(optimizer_->v().begin(), optimizer_->v().end(), v.begin());
+    return Status::OK();
+  }
+  Status SetOptimizerState(std::span<const float> m, std::span<const float> v) override {
+    TF_RETURN_IF_ERROR(CheckSizes(layout(), m.size(), v.size(), "SetOptimizerState"));
+    std::copy(m.begin(), m.end(), optimizer_->m().begin());
+    std::copy(v.begin(), v.end(), optimizer_->v().begin());
+    return Status::OK();
+  }
+  comm::GradientBuffer gradient_buffer() override {
+    return comm::GradientBuffer{.data = model_->grads().data(),
+                                .dtype = comm::DataType::kF32,
+                                .elements = static_cast<int64_t>(model_->grads().size())};
+  }
   void SetGradReadyHook(GPT2::GradReadyHook hook) override { model_->set_grad_ready_hook(std::move(hook)); }
 
  private:
@@ -80,69 +104,47 @@ class CudaBackend final : public TrainBackend {
     return model_->ForwardBackwardAccumulate(inputs, targets, B, T, grad_scale);
   }
   StatusOr<double> TakeLossSum() override { return model_->TakeLossSum(); }
-  StatusOr<float> OptimizerStep(double lr, int64_t t) override {
-    // The step synchronises on the gradient norm anyway; wait for the reduction first, with the
-    // communicator's deadline and NCCL's asynchronous errors, instead of blocking forever in the
-    // stream synchronisation if a peer is gone.
-    if (nccl_) TF_RETURN_IF_ERROR(nccl_->Synchronize());
-    return model_->Step(adamw_, lr, t);
-  }
+  StatusOr<float> OptimizerStep(double lr, int64_t t) override { return model_->Step(adamw_, lr, t); }
   Status GetParams(std::span<float> out) override { return model_->StoreParams(out); }
   Status SetParams(std::span<const float> in) override { return model_->LoadParams(in); }
-  std::span<float> host_grads() override { return {}; }
-  std::span<float> host_params() override { return {}; }
-  void SetGradReadyHook(GPT2::GradReadyHook) override {}
-
-  StatusOr<comm::CodecChoice> ChooseDeviceCodec(const comm::Topology& topology, const comm::ReducerOptions& options,
-                                                comm::Communicator* host) override {
-    if (!nccl_) {
-      TF_ASSIGN_OR_RETURN(nccl_, comm::NcclCommunicator::Create(topology, model_->comm_stream()));
-    }
-    return comm::ChooseDeviceCodec(nccl_.get(), host, GradType(), model_->num_params(), options,
-                                   model_->compute_stream());
-  }
-  Status SetUpDeviceDataParallel(const comm::Topology& topology, const comm::ReducerOptions& options) override {
-    if (!nccl_) {
-      TF_ASSIGN_OR_RETURN(nccl_, comm::NcclCommunicator::Create(topology, model_->comm_stream()));
-    }
-    const comm::DataType dt = GradType();
-    TF_ASSIGN_OR_RETURN(reducer_, comm::DeviceGradientReducer::Create(nccl_.get(), model_->grads_device(), dt,
-                                                                      model_->num_params(),
-                                                                      GradReadyRanges(model_->layout()), options,
-                                                                      model_->compute_stream()));
-    model_->set_grad_ready_hook([this](int64_t begin, int64_t end) {
-      if (reduce_now_) reducer_->MarkReady(begin, end);
-    });
+  Status GetOptimizerState(std::span<float> m, std::span<float> v) override {
+    TF_RETURN_IF_ERROR(CheckSizes(layout(), m.size(), v.size(), "GetOptimizerState"));
+    TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->compute_stream()));
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(m.data(), model_->adam_m_device(), m.size() * 4, cudaMemcpyDeviceToHost));
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(v.data(), model_->adam_v_device(), v.size() * 4, cudaMemcpyDeviceToHost));
     return Status::OK();
   }
-  void BeginDeviceReduction(int64_t step) override {
-    if (reducer_) reducer_->BeginStep(step);
+  Status SetOptimizerState(std::span<const float> m, std::span<const float> v) override {
+    TF_RETURN_IF_ERROR(CheckSizes(layout(), m.size(), v.size(), "SetOptimizerState"));
+    cudaStream_t s = model_->compute_stream();
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(model_->adam_m_device(), m.data(), m.size() * 4, cudaMemcpyHostToDevice, s));
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(model_->adam_v_device(), v.data(), v.size() * 4, cudaMemcpyHostToDevice, s));
+    TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));  // while the host spans are alive
+    return Status::OK();
   }
-  void set_reduce_on_backward(bool on) override { reduce_now_ = on && reducer_ != nullptr; }
-  Status FinishDeviceReduction() override { return reducer_ ? reducer_->Finish() : Status::OK(); }
-  comm::DataType GradType() const {
-    return model_->dtype() == cuda::DType::kBF16 ? comm::DataType::kBF16 : comm::DataType::kF32;
+  comm::GradientBuffer gradient_buffer() override {
+    return comm::GradientBuffer{
+        .data = model_->grads_device(),
+        .dtype = model_->dtype() == cuda::DType::kBF16 ? comm::DataType::kBF16 : comm::DataType::kF32,
+        .elements = model_->num_params(),
+        .on_device = true,
+        .device = device_,
+        .compute_stream = model_->compute_stream(),
+        .comm_stream = model_->comm_stream()};
   }
-  StatusOr<comm::ReducerStats> DeviceReductionStats() override {
-    if (!reducer_) return comm::ReducerStats{};
-    return reducer_->LastStats();
-  }
+  void SetGradReadyHook(GPT2::GradReadyHook hook) override { model_->set_grad_ready_hook(std::move(hook)); }
+  GPT2Cuda* cuda_model() override { return model_.get(); }
 
  private:
-  std::unique_ptr<GPT2Cuda> model_;  // declared first: outlives the reducer and NCCL using its streams
-  std::unique_ptr<comm::NcclCommunicator> nccl_;
-  std::unique_ptr<comm::DeviceGradientReducer> reducer_;
-  bool reduce_now_ = false;
+  std::unique_ptr<GPT2Cuda> model_;
   AdamWConfig adamw_;
   int device_;
 };
 #endif
 
-}  // namespace
-
-StatusOr<std::unique_ptr<TrainBackend>> MakeCpuBackend(const GPT2Config& config, int B, int T,
+StatusOr<std::unique_ptr<TrainBackend>> MakeCpuBackend(const GPT2Config& config, const TrainConfig& train,
                                                        const AdamWConfig& adamw) {
-  TF_ASSIGN_OR_RETURN(auto model, GPT2::Create(config, B, T));
+  TF_ASSIGN_OR_RETURN(auto model, GPT2::Create(config, train.batch_size, train.seq_len));
   std::unique_ptr<AdamW> optimizer;
   try {
     optimizer = std::make_unique<AdamW>(model->layout(), adamw);
@@ -153,30 +155,39 @@ StatusOr<std::unique_ptr<TrainBackend>> MakeCpuBackend(const GPT2Config& config,
   return std::unique_ptr<TrainBackend>(new CpuBackend(std::move(model), std::move(optimizer)));
 }
 
-StatusOr<std::unique_ptr<TrainBackend>> MakeCudaBackend(const GPT2Config& config, int B, int T,
-                                                        const AdamWConfig& adamw, const CudaBackendOptions& options,
-                                                        int device) {
+}  // namespace
+
+bool UsesCuda(const TrainConfig& train) {
+  return train.device == "cuda" || (train.device == "auto" && CudaDeviceCount() > 0);
+}
+
+StatusOr<std::unique_ptr<TrainBackend>> MakeTrainBackend(const GPT2Config& model, const TrainConfig& train,
+                                                         const comm::Topology& topo) {
+  const AdamWConfig adamw{train.beta1, train.beta2, train.eps, train.weight_decay, train.grad_clip};
+  if (!UsesCuda(train)) return MakeCpuBackend(model, train, adamw);
+  const int gpus = CudaDeviceCount();
+  if (gpus == 0) {
+    return Status::InvalidArgument("device \"cuda\" requested but no CUDA GPU is visible{} (use device \"cpu\" or "
+                                   "\"auto\")",
+                                   TrainBackendHasCuda() ? "" : " and this trainflow was built without CUDA");
+  }
+  if (topo.local_rank >= gpus) {
+    return Status::InvalidArgument("rank {} is local rank {} on host {}, but only {} GPU{} visible there: start at "
+                                   "most one rank per GPU",
+                                   topo.rank, topo.local_rank, topo.hostname, gpus, gpus == 1 ? " is" : "s are");
+  }
 #if defined(TF_WITH_CUDA)
-  const std::string& dtype = options.dtype;
-  if (dtype != "bf16" && dtype != "fp32") {
-    return Status::InvalidArgument("dtype must be bf16 or fp32, got '{}'", dtype);
-  }
   GPT2CudaOptions mo;
-  TF_ASSIGN_OR_RETURN(mo.attention, ParseAttention(options.attention));
-  mo.recompute = options.recompute;
-  mo.gelu_fusion = options.gelu_fusion;
-  mo.deterministic_attention = options.deterministic;
-  const int n = cuda::DeviceCount();
-  if (device < 0 || device >= n) {
-    return Status::InvalidArgument("CUDA device {} requested but {} {} visible", device, n, n == 1 ? "is" : "are");
-  }
-  TF_ASSIGN_OR_RETURN(auto model, GPT2Cuda::Create(config, B, T, dtype == "bf16" ? cuda::DType::kBF16 : cuda::DType::kF32,
-                                                   mo, device));
-  return std::unique_ptr<TrainBackend>(new CudaBackend(std::move(model), adamw, device));
+  TF_ASSIGN_OR_RETURN(mo.attention, ParseAttention(train.attention));
+  mo.recompute = train.recompute;
+  mo.gelu_fusion = train.gelu_fusion;
+  mo.fuse_residual = train.fuse_residual;
+  mo.deterministic_attention = train.deterministic;
+  const cuda::DType dtype = train.dtype == "bf16" ? cuda::DType::kBF16 : cuda::DType::kF32;
+  TF_ASSIGN_OR_RETURN(auto m, GPT2Cuda::Create(model, train.batch_size, train.seq_len, dtype, mo, topo.local_rank));
+  return std::unique_ptr<TrainBackend>(new CudaBackend(std::move(m), adamw, topo.local_rank));
 #else
-  (void)config, (void)B, (void)T, (void)adamw, (void)options, (void)device;
-  return Status::Unimplemented("this trainflow was built without the CUDA backend (no nvcc at build time); "
-                               "use device \"cpu\"");
+  return Status::Internal("unreachable: a CUDA device without the CUDA backend");
 #endif
 }
 

@@ -1,8 +1,10 @@
 // TrainBackend: what the Trainer needs from a device — forward/backward on micro-batches, the
-// optimizer step, and fp32 host copies of the parameters — with one implementation per backend:
+// optimizer step, its gradient buffer and grad-ready hook for the data-parallel GradientSync
+// (comm/grad_sync.h), and host copies of the training state — with one implementation each:
 //   CPU   model/gpt2.h (GPT2) + engine/optimizer.h (AdamW), all in host memory.
 //   CUDA  model/gpt2_cuda.h (GPT2Cuda): device memory, bf16 or fp32 storage, fused AdamW.
-// The data-parallel reducer works on host gradients (host_grads(), CPU backend) for now.
+// MakeTrainBackend picks one from the training config (device, dtype, attention, ...: validated
+// once, in engine/train_config.cpp).
 //
 // Ownership: a backend owns its model and optimizer state. Thread safety: one thread drives it.
 #pragma once
@@ -12,16 +14,18 @@
 #include <string>
 #include <utility>
 
-#include "comm/auto_codec.h"
+#include "base/status.h"
+#include "comm/grad_sync_setup.h"
 #include "comm/process_group.h"
-#include "comm/reducer.h"
+#include "engine/train_config.h"
 #include "kernels/optimizer.h"
-#include "kernels/status.h"
 #include "model/config.h"
 #include "model/gpt2.h"
 #include "model/parameters.h"
 
 namespace tf {
+
+class GPT2Cuda;
 
 class TrainBackend {
  public:
@@ -48,57 +52,32 @@ class TrainBackend {
   // Global-norm clip + AdamW on the (already averaged) gradients; returns the norm before clipping.
   virtual StatusOr<float> OptimizerStep(double lr, int64_t t) = 0;
 
-  // fp32 parameters in ParameterLayout order (a device backend copies).
+  // fp32 master parameters in ParameterLayout order (a device backend copies; SetParams also
+  // refreshes the bf16 copy).
   virtual Status GetParams(std::span<float> out) = 0;
   virtual Status SetParams(std::span<const float> in) = 0;
+  // AdamW's first and second moments (fp32, ParameterLayout order).
+  virtual Status GetOptimizerState(std::span<float> m, std::span<float> v) = 0;
+  virtual Status SetOptimizerState(std::span<const float> m, std::span<const float> v) = 0;
 
-  // Host gradient/parameter buffers the data-parallel reducer and broadcasts work on in place,
-  // and the hook announcing final gradient ranges (model/parameters.h GradReadyRanges). Empty
-  // spans / ignored hook where the backend keeps them on a device.
-  virtual std::span<float> host_grads() = 0;
-  virtual std::span<float> host_params() = 0;
+  // The gradients the GradientSync averages in place, and the hook announcing final ranges
+  // (model/parameters.h GradReadyRanges) during backward.
+  virtual comm::GradientBuffer gradient_buffer() = 0;
   virtual void SetGradReadyHook(GPT2::GradReadyHook hook) = 0;
-
-  // Data parallelism for backends whose gradients live on a device (CUDA: NCCL communicator and
-  // comm/device_reducer.h, owned by the backend). Unimplemented by default.
-  virtual Status SetUpDeviceDataParallel(const comm::Topology& topology, const comm::ReducerOptions& options) {
-    return Status::Unimplemented("{} keeps gradients on the host", Describe());
-  }
-  // Per step: Begin, then the last micro-step's backward feeds the reducer (set_reduce_on_backward),
-  // then Finish (enqueues the compute stream's wait; no host sync), and after the optimizer step
-  // the stats of the reduction.
-  // `compression: auto` measured on the device (collective; `host` carries rank 0's timings).
-  virtual StatusOr<comm::CodecChoice> ChooseDeviceCodec(const comm::Topology& topology,
-                                                        const comm::ReducerOptions& options,
-                                                        comm::Communicator* host) {
-    return Status::Unimplemented("{} keeps gradients on the host", Describe());
-  }
-  virtual void BeginDeviceReduction(int64_t step) {}
-  virtual void set_reduce_on_backward(bool on) {}
-  virtual Status FinishDeviceReduction() { return Status::OK(); }
-  virtual StatusOr<comm::ReducerStats> DeviceReductionStats() { return comm::ReducerStats{}; }
+  // The CUDA model, for `trainflow bench`'s profiler and memory report (nullptr on the CPU).
+  virtual GPT2Cuda* cuda_model() { return nullptr; }
 
  private:
   double loss_sum_ = 0.0;
 };
 
-// The CPU backend: plans activations for B x T and initialises nothing (call SetParams or use
-// InitGPT2Weights into host_params()).
-StatusOr<std::unique_ptr<TrainBackend>> MakeCpuBackend(const GPT2Config& config, int B, int T,
-                                                       const AdamWConfig& adamw);
-// The CUDA model's options as the training config spells them (engine/train_config.h).
-struct CudaBackendOptions {
-  std::string dtype = "bf16";        // "bf16" or "fp32"
-  std::string attention = "flash";   // "flash", "flash_simt" or "gemm"
-  int recompute = 0;                 // 0, 1 or 2
-  int gelu_fusion = -1;              // -1 (default), 0, 1 or 2
-  bool deterministic = true;         // cuDNN attention's backward without atomics
-};
-// The CUDA backend on `device`. Unimplemented in CPU-only builds; InvalidArgument naming the device
-// when it does not exist, or naming a bad option.
-StatusOr<std::unique_ptr<TrainBackend>> MakeCudaBackend(const GPT2Config& config, int B, int T,
-                                                        const AdamWConfig& adamw, const CudaBackendOptions& options,
-                                                        int device);
+// The backend `train.device` asks for ("auto": CUDA when the build has it and a GPU is visible),
+// planned for B = train.batch_size, T = train.seq_len, on GPU `local_rank`. InvalidArgument naming
+// the problem (no GPU, more ranks than GPUs on a host). Parameters are not initialised.
+StatusOr<std::unique_ptr<TrainBackend>> MakeTrainBackend(const GPT2Config& model, const TrainConfig& train,
+                                                         const comm::Topology& topology);
+// Whether `train.device` resolves to the CUDA backend here.
+bool UsesCuda(const TrainConfig& train);
 // Number of usable CUDA devices (0 in CPU-only builds or without a driver).
 int CudaDeviceCount();
 // Whether this build has the CUDA backend.

@@ -24,17 +24,25 @@ Status TypeError(const std::string& key, const char* type, const json& v) {
   return Status::InvalidArgument("training config key '{}' must be {}, got {}", key, type, v.dump());
 }
 
-Field Int(int TrainConfig::*member, int min_value) {
-  return {"an integer", [member, min_value](const json& v, TrainConfig* c, const std::string& key) -> Status {
+// An integer in [min_value, max_value] (a JSON integer; a value outside int64 is out of range).
+template <typename T>
+Field IntIn(T TrainConfig::*member, int64_t min_value, int64_t max_value) {
+  return {"an integer", [=](const json& v, TrainConfig* c, const std::string& key) -> Status {
             if (!v.is_number_integer()) return TypeError(key, "an integer", v);
-            const int64_t x = v.get<int64_t>();
-            if (x < min_value || x > (int64_t{1} << 31) - 1) {
-              return Status::InvalidArgument("training config key '{}' must be >= {}, got {}", key, min_value, x);
+            if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max_value)) {
+              return Status::InvalidArgument("training config key '{}' must be at most {}, got {}", key, max_value,
+                                             v.dump());
             }
-            c->*member = static_cast<int>(x);
+            const int64_t x = v.get<int64_t>();
+            if (x < min_value || x > max_value) {
+              return Status::InvalidArgument("training config key '{}' must be in [{}, {}], got {}", key, min_value,
+                                             max_value, x);
+            }
+            c->*member = static_cast<T>(x);
             return Status::OK();
           }};
 }
+Field Int(int TrainConfig::*member, int min_value) { return IntIn(member, min_value, (int64_t{1} << 31) - 1); }
 
 Field Real(double TrainConfig::*member, double min_value, double max_value) {
   return {"a number", [=](const json& v, TrainConfig* c, const std::string& key) -> Status {
@@ -69,8 +77,8 @@ const std::map<std::string, Field>& Fields() {
   static const auto* fields = new std::map<std::string, Field>{
       {"batch_size", Int(&TrainConfig::batch_size, 1)},
       {"seq_len", Int(&TrainConfig::seq_len, 1)},
-      {"grad_accum_steps", Int(&TrainConfig::grad_accum_steps, 1)},
-      {"max_steps", Int(&TrainConfig::max_steps, 0)},
+      {"grad_accum_steps", IntIn(&TrainConfig::grad_accum_steps, 1, 1 << 16)},
+      {"max_steps", IntIn(&TrainConfig::max_steps, 0, int64_t{1} << 53)},
       {"lr", Real(&TrainConfig::lr, 0.0, 10.0)},
       {"min_lr", Real(&TrainConfig::min_lr, 0.0, 10.0)},
       {"beta1", Real(&TrainConfig::beta1, 0.0, 0.999999)},
@@ -103,6 +111,9 @@ const std::map<std::string, Field>& Fields() {
       {"tokenizer_dir", Str(&TrainConfig::tokenizer_dir)},
       {"out_dir", Str(&TrainConfig::out_dir)},
       {"init_from", Str(&TrainConfig::init_from)},
+      {"resume_state", Str(&TrainConfig::resume_state)},
+      {"save_state", Bool(&TrainConfig::save_state)},
+      {"stop_at_step", IntIn(&TrainConfig::stop_at_step, 0, int64_t{1} << 53)},
       {"seed",
        {"an integer", [](const json& v, TrainConfig* c, const std::string& key) -> Status {
           if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0)) {
@@ -111,13 +122,14 @@ const std::map<std::string, Field>& Fields() {
           c->seed = v.get<uint64_t>();
           return Status::OK();
         }}},
-      {"threads", Int(&TrainConfig::threads, 0)},
+      {"threads", IntIn(&TrainConfig::threads, 0, 1024)},
       {"shuffle", Bool(&TrainConfig::shuffle)},
       {"device", Str(&TrainConfig::device)},
       {"dtype", Str(&TrainConfig::dtype)},
       {"attention", Str(&TrainConfig::attention)},
       {"recompute", Int(&TrainConfig::recompute, 0)},
       {"gelu_fusion", Int(&TrainConfig::gelu_fusion, -1)},
+      {"fuse_residual", Bool(&TrainConfig::fuse_residual)},
       {"deterministic", Bool(&TrainConfig::deterministic)},
       {"compression", Str(&TrainConfig::compression)},
       {"bucket_mb", Real(&TrainConfig::bucket_mb, 1e-6, 1e6)},
@@ -216,6 +228,9 @@ json TrainConfigToJson(const TrainConfig& c) {
           {"tokenizer_dir", c.tokenizer_dir},
           {"out_dir", c.out_dir},
           {"init_from", c.init_from},
+          {"resume_state", c.resume_state},
+          {"save_state", c.save_state},
+          {"stop_at_step", c.stop_at_step},
           {"seed", c.seed},
           {"threads", c.threads},
           {"shuffle", c.shuffle},
@@ -224,19 +239,12 @@ json TrainConfigToJson(const TrainConfig& c) {
           {"attention", c.attention},
           {"recompute", c.recompute},
           {"gelu_fusion", c.gelu_fusion},
+          {"fuse_residual", c.fuse_residual},
           {"deterministic", c.deterministic},
           {"compression", c.compression},
           {"bucket_mb", c.bucket_mb},
           {"first_bucket_mb", c.first_bucket_mb},
           {"error_feedback", c.error_feedback}};
-}
-
-StatusOr<json> ReadJsonFile(const std::string& path, const std::string& what) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("{} '{}' cannot be opened", what, path);
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  if (j.is_discarded()) return Status::InvalidArgument("{} '{}' is not valid JSON", what, path);
-  return j;
 }
 
 void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, json* model, json* train) {

@@ -9,7 +9,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "kernels/status.h"
+#include "base/status.h"
+#include "model/json_util.h"  // ReadJsonFile
 #include "model/config.h"
 
 namespace tf {
@@ -21,7 +22,7 @@ struct TrainConfig {
   int batch_size = 4;        // B: sequences per micro-batch
   int seq_len = 64;          // T: tokens per sequence (<= model block_size)
   int grad_accum_steps = 1;  // micro-batches per optimizer step (gradients averaged)
-  int max_steps = 100;       // optimizer steps
+  int64_t max_steps = 100;   // optimizer steps
   // AdamW.
   double lr = 6e-4;
   double min_lr = 6e-5;
@@ -49,6 +50,12 @@ struct TrainConfig {
   std::string tokenizer_dir = "third_party/gpt2-tokenizer";
   std::string out_dir = "out";
   std::string init_from;  // safetensors file with Hugging Face GPT-2 names, or "" for a fresh init
+  // Exact resume (engine/train_state.h): start from this training state file ("" = step 0);
+  // save_state: also write out_dir/train_state.safetensors (one per rank) with the outputs;
+  // stop_at_step: stop after this step as a SIGTERM would (state saved, exit code 5); 0 = never.
+  std::string resume_state;
+  bool save_state = false;
+  int64_t stop_at_step = 0;
   uint64_t seed = 1337;
   int threads = 0;  // OpenMP threads; 0 = all cores
   bool shuffle = false;
@@ -65,6 +72,8 @@ struct TrainConfig {
   // GELU in the MLP GEMMs' cuBLASLt epilogues: -1 default (model/gpt2_cuda.h), 0 off, 1 forward,
   // 2 forward and backward.
   int gelu_fusion = -1;
+  // false: separate residual-add kernels instead of folding them into the GEMM epilogues.
+  bool fuse_residual = true;
   // false: cuDNN attention's faster backward with fp32 atomics (runs are then not bit-reproducible).
   bool deterministic = true;
   // Data parallelism (comm/, docs/distributed.md): gradient compression codec ("none", "bf16",
@@ -80,8 +89,6 @@ struct TrainConfig {
 
 StatusOr<TrainConfig> ParseTrainConfig(const nlohmann::json& j, const std::string& source);
 nlohmann::json TrainConfigToJson(const TrainConfig& config);
-// Reads a JSON file (comments allowed). NotFound / InvalidArgument naming the path.
-StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, const std::string& what);
 
 // Applies "--key value" overrides: a key of the model config goes to `model`, any other to
 // `train` (validated later by the parsers, so unknown keys are still rejected). The value is

@@ -1,16 +1,19 @@
 #include "engine/trainer.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
+#include <cstdlib>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
-#include "comm/auto_codec.h"
+#include "base/stop_signal.h"
 #include "engine/lr_schedule.h"
+#include "engine/observers.h"
 #include "engine/sampler.h"
 #include "model/gpt2_weights.h"
 
@@ -18,21 +21,15 @@ namespace tf {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
 
-std::string FormatDuration(double seconds) {
-  const int64_t s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
-  if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
-  return fmt::format("{}:{:02}", s / 60, s % 60);
-}
-
-// Printable form of sampled text: keeps newlines, replaces other control bytes.
-std::string Printable(const std::string& s) {
-  std::string out;
-  for (unsigned char ch : s) {
-    if (ch == '\n' || ch == '\t' || ch >= 0x20) out += static_cast<char>(ch);
-    else out += '?';
+std::string TrajectoryJson(const TrainConfig& c) {
+  const json all = TrainConfigToJson(c);
+  json t = json::object();
+  for (const std::string& k : TrajectoryKeys()) {
+    if (all.contains(k)) t[k] = all[k];
   }
-  return out;
+  return t.dump();
 }
 
 }  // namespace
@@ -45,6 +42,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
   t->model_config_ = model;
   t->config_ = train;
   t->options_ = options;
+  t->options_.train_tokens.clear();
+  t->env_ = options.env != nullptr ? options.env : Env::Default();
   if (train.threads > 0) omp_set_num_threads(train.threads);
   if (options.distributed) {
     TF_ASSIGN_OR_RETURN(t->topology_, comm::InitProcessGroup());
@@ -55,11 +54,22 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
     TF_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(ModelConfigToJson(model).dump(), "model config"));
     TF_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(TrainConfigToJson(train).dump(), "training config"));
   }
+  // Outputs are checked now, not after hours of training.
+  if (options.write_outputs && topo.rank == 0) {
+    if (train.out_dir.empty()) return Status::InvalidArgument("training config key 'out_dir' is empty");
+    TF_RETURN_IF_ERROR(t->env_->CheckWritableDir(train.out_dir));
+  }
 
-  TF_ASSIGN_OR_RETURN(auto train_loader, DataLoader::Open(train.train_data, model.vocab_size, train.batch_size,
-                                                          train.seq_len, topo.rank, topo.world, train.shuffle,
-                                                          train.seed));
-  t->train_data_.emplace(std::move(train_loader));
+  if (options.train_tokens.empty()) {
+    TF_ASSIGN_OR_RETURN(auto loader, DataLoader::Open(train.train_data, model.vocab_size, train.batch_size,
+                                                      train.seq_len, topo.rank, topo.world, train.shuffle, train.seed));
+    t->train_data_.emplace(std::move(loader));
+  } else {
+    TF_ASSIGN_OR_RETURN(auto loader, DataLoader::FromTokens(std::move(options.train_tokens), model.vocab_size,
+                                                            train.batch_size, train.seq_len, topo.rank, topo.world,
+                                                            train.shuffle, train.seed, "synthetic tokens"));
+    t->train_data_.emplace(std::move(loader));
+  }
   if (!train.val_data.empty()) {
     TF_ASSIGN_OR_RETURN(auto val_loader, DataLoader::Open(train.val_data, model.vocab_size, train.batch_size,
                                                           train.seq_len, topo.rank, topo.world));
@@ -69,46 +79,23 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
     TF_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(t->train_data_->Fingerprint(), "training data"));
     TF_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(t->val_data_ ? t->val_data_->Fingerprint() : "", "validation data"));
   }
-  if (options.print_progress && topo.rank == 0 && (train.sample_tokens > 0)) {
+  if (options.evaluate && options.print_progress && topo.rank == 0 && train.sample_tokens > 0) {
     TF_ASSIGN_OR_RETURN(t->tokenizer_, MakeTokenizer(train.tokenizer, train.tokenizer_dir));
   }
 
-  // Backend: "auto" takes the GPU when the build has CUDA and one is visible.
-  const AdamWConfig adamw{train.beta1, train.beta2, train.eps, train.weight_decay, train.grad_clip};
-  const int gpus = CudaDeviceCount();
-  const bool cuda = train.device == "cuda" || (train.device == "auto" && gpus > 0);
-  if (cuda) {
-    if (gpus == 0) {
-      return Status::InvalidArgument("device \"cuda\" requested but no CUDA GPU is visible{} (use device \"cpu\" or "
-                                     "\"auto\")",
-                                     TrainBackendHasCuda() ? "" : " and this trainflow was built without CUDA");
-    }
-    if (topo.local_rank >= gpus) {
-      return Status::InvalidArgument("rank {} is local rank {} on host {}, but only {} GPU{} visible there: start at "
-                                     "most one rank per GPU",
-                                     topo.rank, topo.local_rank, topo.hostname, gpus, gpus == 1 ? " is" : "s are");
-    }
-    const CudaBackendOptions cuda_options{.dtype = train.dtype, .attention = train.attention,
-                                          .recompute = train.recompute, .gelu_fusion = train.gelu_fusion,
-                                          .deterministic = train.deterministic};
-    TF_ASSIGN_OR_RETURN(t->backend_, MakeCudaBackend(model, train.batch_size, train.seq_len, adamw, cuda_options,
-                                                     topo.local_rank));
-  } else {
-    TF_ASSIGN_OR_RETURN(t->backend_, MakeCpuBackend(model, train.batch_size, train.seq_len, adamw));
-    // The CUDA model's options mean nothing here: say so rather than ignore them silently.
-    if (options.print_progress && topo.rank == 0 &&
-        (train.attention != "flash" || train.recompute != 0 || train.gelu_fusion != -1)) {
-      fmt::print("note: attention \"{}\", recompute {}, gelu_fusion {} apply to the CUDA backend only; the CPU "
-                 "backend ignores them\n",
-                 train.attention, train.recompute, train.gelu_fusion);
-    }
+  TF_ASSIGN_OR_RETURN(t->backend_, MakeTrainBackend(model, train, topo));
+  if (!UsesCuda(train) && options.print_progress && topo.rank == 0 &&
+      (train.attention != "flash" || train.recompute != 0 || train.gelu_fusion != -1 || !train.fuse_residual)) {
+    spdlog::warn("attention \"{}\", recompute {}, gelu_fusion {}, fuse_residual {} apply to the CUDA backend only; "
+                 "the CPU backend ignores them",
+                 train.attention, train.recompute, train.gelu_fusion, train.fuse_residual);
   }
 
   std::vector<float> params(static_cast<size_t>(t->backend_->layout().total()));
   if (train.init_from.empty()) {
     InitGPT2Weights(model, train.seed, params);
   } else {
-    TF_RETURN_IF_ERROR(ImportHFWeights(train.init_from, model, params));
+    TF_RETURN_IF_ERROR(ImportHFWeights(train.init_from, model, params, t->env_).WithContext("init_from"));
   }
   TF_RETURN_IF_ERROR(t->SetUpDataParallel());
   if (t->comm_ && topo.world > 1) {
@@ -116,17 +103,28 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
     TF_RETURN_IF_ERROR(t->comm_->Broadcast(params.data(), params.size() * sizeof(float), 0));
   }
   TF_RETURN_IF_ERROR(t->backend_->SetParams(params));
+  if (!train.resume_state.empty()) TF_RETURN_IF_ERROR(t->Resume(train.resume_state));
   const size_t bt = static_cast<size_t>(train.batch_size) * static_cast<size_t>(train.seq_len);
   t->inputs_.resize(bt);
   t->targets_.resize(bt);
+
+  if (options.evaluate) {
+    t->AddObserver(MakeEvalObserver());
+    t->AddObserver(MakeSampleObserver());
+  }
+  if (options.print_progress && topo.rank == 0) t->AddObserver(MakeProgressObserver());
+  if (options.write_outputs && topo.rank == 0) {
+    t->AddObserver(MakeMetricsJsonlObserver(train.out_dir + "/metrics.jsonl"));
+  }
   return t;
 }
 
 Trainer::~Trainer() = default;
 
 Status Trainer::SetUpDataParallel() {
-  const bool compress = config_.compression != "none";
-  if (topology_.world == 1 && !compress) return Status::OK();
+  sync_ = comm::MakeLocalGradientSync();
+  if (topology_.world == 1 && config_.compression == "none") return Status::OK();
+  data_parallel_ = true;
   // The host communicator also carries the loss/eval averages and the initial broadcast on GPUs.
   TF_ASSIGN_OR_RETURN(comm_, comm::MakeHostCommunicator(topology_));
   {  // Every rank's host and device, for the start-up report.
@@ -143,39 +141,16 @@ Status Trainer::SetUpDataParallel() {
   ro.first_bucket_bytes = static_cast<int64_t>(config_.first_bucket_mb * (1 << 20));
   ro.error_feedback = config_.error_feedback;
   ro.seed = config_.seed;
-  if (backend_->host_grads().empty()) {  // gradients on a device: NCCL + the device reducer
-    if (config_.compression == "auto") {
-      TF_ASSIGN_OR_RETURN(comm::CodecChoice choice, backend_->ChooseDeviceCodec(topology_, ro, comm_.get()));
-      ro.codec = choice.codec;
-      compression_reason_ = choice.reason;
-    } else {
-      TF_ASSIGN_OR_RETURN(ro.codec, comm::ParseCodec(config_.compression));
-      compression_reason_ = "device reducer over NCCL";
-    }
-    device_codec_ = comm::CodecName(ro.codec);
-    TF_RETURN_IF_ERROR(backend_->SetUpDeviceDataParallel(topology_, ro));
-    device_dp_ = true;
-    return Status::OK();
-  }
-  const auto ranges = GradReadyRanges(backend_->layout());
-  if (config_.compression == "auto") {
-    TF_ASSIGN_OR_RETURN(comm::CodecChoice choice, comm::ChooseCodec(comm_.get(), backend_->layout().total(), ro));
-    ro.codec = choice.codec;
-    compression_reason_ = choice.reason;
-  } else {
-    TF_ASSIGN_OR_RETURN(ro.codec, comm::ParseCodec(config_.compression));
-    compression_reason_ = "as configured";
-  }
-  TF_ASSIGN_OR_RETURN(reducer_, comm::GradientReducer::Create(comm_.get(), backend_->host_grads(), ranges, ro));
+  TF_ASSIGN_OR_RETURN(comm::GradientSyncSetup setup,
+                      comm::MakeGradientSync(topology_, comm_.get(), backend_->gradient_buffer(),
+                                             GradReadyRanges(backend_->layout()), ro, config_.compression));
+  sync_ = std::move(setup.sync);
+  codec_ = setup.codec;
+  codec_reason_ = setup.reason;
   backend_->SetGradReadyHook([this](int64_t begin, int64_t end) {
-    if (reduce_this_micro_step_) reducer_->MarkReady(begin, end);
+    if (reduce_now_) sync_->MarkReady(begin, end);
   });
   return Status::OK();
-}
-
-std::string Trainer::compression() const {
-  if (reducer_) return comm::CodecName(reducer_->options().codec);
-  return device_dp_ ? device_codec_ : "none";
 }
 
 Status Trainer::WaitForRankZero() {
@@ -189,67 +164,67 @@ Status Trainer::WaitForRankZero() {
   return s;
 }
 
-StatusOr<double> Trainer::MeanOverRanks(double x) {
-  if (topology_.world == 1 || !comm_) return x;
-  TF_RETURN_IF_ERROR(comm_->AllReduceSum(&x, 1, comm::DataType::kF64));
-  return x / topology_.world;
+Status Trainer::SumOverRanks(double* x, int n) {
+  if (topology_.world == 1 || !comm_) return Status::OK();
+  return comm_->AllReduceSum(x, n, comm::DataType::kF64);
+}
+
+StatusOr<double> Trainer::MeanLoss(TrainBackend& backend, const DataLoader& loader, int64_t n_batches) {
+  std::vector<int32_t> inputs(static_cast<size_t>(loader.B()) * loader.T()), targets(inputs.size());
+  double sum = 0.0;
+  for (int64_t i = 0; i < n_batches; ++i) {
+    loader.Load(i, inputs.data(), targets.data());
+    TF_ASSIGN_OR_RETURN(float loss, backend.Forward(inputs.data(), targets.data(), loader.B(), loader.T()));
+    sum += loss;
+  }
+  return n_batches > 0 ? sum / static_cast<double>(n_batches) : 0.0;
 }
 
 StatusOr<float> Trainer::Evaluate(const DataLoader& loader, int n_batches) {
-  double sum = 0.0;
-  for (int i = 0; i < n_batches; ++i) {
-    loader.Load(i, inputs_.data(), targets_.data());
-    TF_ASSIGN_OR_RETURN(float loss, backend_->Forward(inputs_.data(), targets_.data(), loader.B(), loader.T()));
-    sum += loss;
-  }
-  TF_ASSIGN_OR_RETURN(double mean, MeanOverRanks(n_batches > 0 ? sum / n_batches : 0.0));
-  return static_cast<float>(mean);
+  TF_ASSIGN_OR_RETURN(double mean, MeanLoss(*backend_, loader, n_batches));
+  TF_RETURN_IF_ERROR(SumOverRanks(&mean, 1));
+  return static_cast<float>(mean / topology_.world);
 }
 
-StatusOr<StepStats> Trainer::Step(int step) {
+StatusOr<StepStats> Trainer::Step() {
+  const int64_t step = step_;
   const auto t0 = Clock::now();
   const int accum = config_.grad_accum_steps;
   TF_RETURN_IF_ERROR(backend_->ZeroGrad());
-  if (reducer_) reducer_->BeginStep(step);
-  if (device_dp_) backend_->BeginDeviceReduction(step);
+  sync_->BeginStep(step);
   for (int micro = 0; micro < accum; ++micro) {
-    train_data_->Load(int64_t{step} * accum + micro, inputs_.data(), targets_.data());
+    train_data_->Load(step * accum + micro, inputs_.data(), targets_.data());
     // Gradient accumulation: only the last micro-step's backward produces final gradients.
-    reduce_this_micro_step_ = reducer_ != nullptr && micro == accum - 1;
-    backend_->set_reduce_on_backward(device_dp_ && micro == accum - 1);
+    reduce_now_ = micro == accum - 1;
     TF_RETURN_IF_ERROR(backend_->ForwardBackwardAccumulate(inputs_.data(), targets_.data(), config_.batch_size,
                                                            config_.seq_len, 1.0f / static_cast<float>(accum)));
   }
-  reduce_this_micro_step_ = false;
-  backend_->set_reduce_on_backward(false);
+  reduce_now_ = false;
+  TF_RETURN_IF_ERROR(sync_->Finish());
   StepStats s;
-  if (device_dp_) TF_RETURN_IF_ERROR(backend_->FinishDeviceReduction());
-  if (reducer_) {
-    TF_RETURN_IF_ERROR(reducer_->Finish());
-    const comm::ReducerStats& r = reducer_->last_stats();
-    s.comm_exposed_ms = r.exposed_ms;
-    s.comm_ms = r.comm_ms;
-    s.codec_ms = r.codec_ms;
-    s.wire_bytes = r.wire_bytes;
-  }
-  s.step = step;
+  s.step = step + 1;
   s.lr = LearningRate(config_, step);
-  TF_ASSIGN_OR_RETURN(s.grad_norm, backend_->OptimizerStep(s.lr, int64_t{step} + 1));
+  TF_ASSIGN_OR_RETURN(s.grad_norm, backend_->OptimizerStep(s.lr, step + 1));
   // Read once per step, after the optimizer (on a GPU, the step's single synchronisation point).
+  // The same reduction tells every rank whether any rank was asked to stop.
   TF_ASSIGN_OR_RETURN(const double loss_sum, backend_->TakeLossSum());
-  TF_ASSIGN_OR_RETURN(const double mean_loss, MeanOverRanks(loss_sum / accum));
-  s.loss = static_cast<float>(mean_loss);
-  if (device_dp_) {
-    TF_ASSIGN_OR_RETURN(const comm::ReducerStats r, backend_->DeviceReductionStats());
-    s.comm_exposed_ms = r.exposed_ms;
-    s.wire_bytes = r.wire_bytes;
-  }
+  double reduced[2] = {loss_sum / accum, StopRequested() ? 1.0 : 0.0};
+  TF_RETURN_IF_ERROR(SumOverRanks(reduced, 2));
+  s.loss = static_cast<float>(reduced[0] / topology_.world);
+  stop_agreed_ = reduced[1] > 0;
+  TF_ASSIGN_OR_RETURN(const comm::ReducerStats r, sync_->LastStats());
+  s.comm_exposed_ms = r.exposed_ms;
+  s.comm_ms = r.comm_ms;
+  s.codec_ms = r.codec_ms;
+  s.wire_bytes = r.wire_bytes;
   s.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(config_.tokens_per_step()) * topology_.world / (s.ms / 1000.0);
+  step_ = step + 1;
   return s;
 }
 
-std::string Trainer::SampleText(int step) {
+StatusOr<std::string> Trainer::SampleText() {
+  if (!tokenizer_) return Status::Internal("SampleText without a tokenizer");
   std::vector<int32_t> prompt = tokenizer_->Encode(config_.sample_prompt);
   if (prompt.empty()) {
     const int eot = tokenizer_->eot_token();
@@ -259,144 +234,159 @@ std::string Trainer::SampleText(int step) {
   o.num_tokens = config_.sample_tokens;
   o.temperature = config_.sample_temperature;
   o.top_k = config_.sample_top_k;
-  o.seed = config_.seed + static_cast<uint64_t>(step);
+  o.seed = config_.seed + static_cast<uint64_t>(step_);
   if (!sampler_model_) {
-    auto m = GPT2::Create(model_config_, 1, config_.seq_len);
-    if (!m.ok()) return "(sampling failed: " + m.status().ToString() + ")";
-    sampler_model_ = std::move(m).value();
+    TF_ASSIGN_OR_RETURN(sampler_model_, GPT2::Create(model_config_, 1, config_.seq_len));
   }
-  if (Status st = backend_->GetParams(sampler_model_->params()); !st.ok()) {
-    return "(sampling failed: " + st.ToString() + ")";
-  }
+  TF_RETURN_IF_ERROR(backend_->GetParams(sampler_model_->params()));
   std::vector<int32_t> ids = Sample(*sampler_model_, prompt, o);
   return config_.sample_prompt + tokenizer_->Decode(ids);
 }
 
-StatusOr<TrainResult> Trainer::Run() {
-  TrainResult result;
-  const bool print = options_.print_progress && topology_.rank == 0;
-  const int max_steps = config_.max_steps;
-  const bool dp = reducer_ != nullptr || device_dp_;
-  if (print) {
-    fmt::print("model: {} layers, {} heads, {} embd, vocab {} (padded {}), {:.2f}M parameters\n",
-               model_config_.n_layer, model_config_.n_head, model_config_.n_embd, model_config_.vocab_size,
-               model_config_.padded_vocab_size, NumParameters(model_config_) / 1e6);
-    fmt::print("device: {}\n", backend_->Describe());
-    if (topology_.world > 1 || dp) {
-      fmt::print("data parallel: {}\n", topology_.Describe());
-      for (const std::string& line : rank_devices_) fmt::print("  {}\n", line);
-      if (device_dp_) {
-        fmt::print("gradient reduction: on the GPU, compression {} ({})\n", compression(), compression_reason_);
-      } else if (reducer_) {
-        fmt::print("gradient reduction: {} buckets (first {:.2f} MiB, then up to {:.2f} MiB), compression {} ({})\n",
-                   reducer_->buckets().size(), reducer_->buckets().front().size() * 4 / double(1 << 20),
-                   config_.bucket_mb, compression(), compression_reason_);
-      }
-    }
-    fmt::print("train: {} steps x {} tokens (B={}, T={}, accum={}, ranks={}); data {} tokens, val {} tokens\n",
-               max_steps, config_.tokens_per_step() * topology_.world, config_.batch_size, config_.seq_len,
-               config_.grad_accum_steps, topology_.world, train_data_->num_tokens(),
-               val_data_ ? val_data_->num_tokens() : 0);
-    std::fflush(stdout);
-  }
-  auto evaluate = [&](int step) -> Status {
-    if (!val_data_ || config_.eval_batches == 0) return Status::OK();
-    TF_ASSIGN_OR_RETURN(const float v, Evaluate(*val_data_, config_.eval_batches));
-    result.val_losses.emplace_back(step, v);
-    if (print) {
-      fmt::print("eval  step {:>5} | val loss {:.4f} (ppl {:.2f})\n", step, v, std::exp(v));
-      std::fflush(stdout);
-    }
-    return Status::OK();
-  };
-  auto sample = [&](int step) {
-    if (!tokenizer_ || config_.sample_tokens == 0) return;
-    std::string text = SampleText(step);
-    result.samples.emplace_back(step, text);
-    if (print) {
-      fmt::print("sample step {:>5} ----------------------------------------\n{}\n"
-                 "--------------------------------------------------------\n",
-                 step, Printable(text));
-      std::fflush(stdout);
-    }
-  };
+StatusOr<TrainState> Trainer::GetState() {
+  TrainState s;
+  const size_t P = static_cast<size_t>(backend_->layout().total());
+  s.step = step_;
+  s.params.resize(P);
+  s.adam_m.resize(P);
+  s.adam_v.resize(P);
+  TF_RETURN_IF_ERROR(backend_->GetParams(s.params));
+  TF_RETURN_IF_ERROR(backend_->GetOptimizerState(s.adam_m, s.adam_v));
+  TF_RETURN_IF_ERROR(sync_->GetState(&s.ef_residual, &s.ef_server));
+  s.rank = topology_.rank;
+  s.world = topology_.world;
+  s.data_rows = step_ * config_.grad_accum_steps * topology_.world * config_.batch_size;
+  s.data_seed = config_.seed;
+  s.data_shuffle = config_.shuffle;
+  s.data_fingerprint = train_data_->Fingerprint();
+  s.sample_seed = config_.seed;
+  s.codec = codec_;
+  s.model_config = ModelConfigToJson(model_config_).dump();
+  s.train_config = TrajectoryJson(config_);
+  s.model_fingerprint = Fingerprint(s.model_config);
+  s.train_fingerprint = Fingerprint(s.train_config);
+  s.version = "trainflow 0.1.0";
+  return s;
+}
 
-  if (config_.eval_interval > 0) TF_RETURN_IF_ERROR(evaluate(0));
-  double ema_ms = 0.0;
-  for (int step = 0; step < max_steps; ++step) {
-    TF_ASSIGN_OR_RETURN(StepStats s, Step(step));
-    if (!std::isfinite(s.loss)) {
-      return Status::Internal("loss became {} at step {} (lr {:.3g}); lower lr or check the data", s.loss, step, s.lr);
-    }
-    result.steps.push_back(s);
-    ema_ms = step == 0 ? s.ms : (step == 1 ? s.ms : 0.9 * ema_ms + 0.1 * s.ms);  // step 0 includes warm-up
-    const bool last = step + 1 == max_steps;
-    if (print && (step % config_.log_interval == 0 || last)) {
-      std::string comm;
-      if (dp) {
-        comm = fmt::format(" | comm {:.0f} ms exposed, {:.1f} MB sent", s.comm_exposed_ms, s.wire_bytes / 1e6);
-        if (s.comm_ms > 0) comm += fmt::format(" at {:.2f} GB/s", s.wire_bytes / (s.comm_ms * 1e6));
-      }
-      fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.4f} | {:>8.0f} tok/s | {:>7.1f} ms{} | ETA {}\n",
-                 step + 1, max_steps, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.ms, comm,
-                 FormatDuration(ema_ms * (max_steps - step - 1) / 1000.0));
-      std::fflush(stdout);
-    }
-    if (!last && config_.eval_interval > 0 && (step + 1) % config_.eval_interval == 0) {
-      TF_RETURN_IF_ERROR(evaluate(step + 1));
-    }
-    if (!last && config_.sample_interval > 0 && (step + 1) % config_.sample_interval == 0) {
-      sample(step + 1);
-      TF_RETURN_IF_ERROR(WaitForRankZero());
+Status Trainer::SetState(const TrainState& s) {
+  const std::string model = ModelConfigToJson(model_config_).dump();
+  if (s.model_config != model) {
+    return Status::InvalidArgument("the training state is for model {}, this run's model is {}", s.model_config,
+                                   model);
+  }
+  // Name the first trajectory key that differs.
+  const json mine = json::parse(TrajectoryJson(config_));
+  const json theirs = json::parse(s.train_config, nullptr, /*allow_exceptions=*/false);
+  if (!theirs.is_object()) return Status::Corruption("the training state's training config is not a JSON object");
+  for (const std::string& k : TrajectoryKeys()) {
+    if (!theirs.contains(k) || theirs[k] != mine[k]) {
+      return Status::InvalidArgument("training config key '{}' is {} in this run but {} in the training state: an "
+                                     "exact resume needs the same value",
+                                     k, mine[k].dump(), theirs.contains(k) ? theirs[k].dump() : "absent");
     }
   }
-  TF_RETURN_IF_ERROR(evaluate(max_steps));
-  sample(max_steps);
-  if (options_.write_outputs && topology_.rank == 0) TF_RETURN_IF_ERROR(WriteOutputs(result));
-  return result;
+  if (s.data_fingerprint != train_data_->Fingerprint()) {
+    return Status::InvalidArgument("the training data differs from the run that wrote the state ({} there, {} here)",
+                                   s.data_fingerprint, train_data_->Fingerprint());
+  }
+  if (s.codec != codec_) {
+    return Status::InvalidArgument("the state was written with gradient codec {}, this run uses {}", s.codec, codec_);
+  }
+  if ((!s.ef_residual.empty() || !s.ef_server.empty()) && (s.world != topology_.world || s.rank != topology_.rank)) {
+    return Status::InvalidArgument("the state holds rank {} of {}'s error-feedback residuals; this is rank {} of {}",
+                                   s.rank, s.world, topology_.rank, topology_.world);
+  }
+  if (s.step > config_.max_steps) {
+    return Status::InvalidArgument("the training state is at step {}, beyond max_steps {}", s.step, config_.max_steps);
+  }
+  TF_RETURN_IF_ERROR(backend_->SetParams(s.params));
+  TF_RETURN_IF_ERROR(backend_->SetOptimizerState(s.adam_m, s.adam_v));
+  TF_RETURN_IF_ERROR(sync_->SetState(s.ef_residual, s.ef_server));
+  step_ = s.step;
+  return Status::OK();
+}
+
+std::string Trainer::StatePath() const {
+  // One file per rank: all hold the whole state; ranks > 0 differ only in their residuals.
+  const std::string base = config_.out_dir + "/train_state";
+  return topology_.world > 1 && topology_.rank > 0 ? fmt::format("{}.rank{}.safetensors", base, topology_.rank)
+                                                   : base + ".safetensors";
+}
+
+Status Trainer::Resume(const std::string& path) {
+  std::string mine = path;
+  if (topology_.world > 1 && topology_.rank > 0) {
+    const std::string ext = ".safetensors";
+    const std::string stem = path.ends_with(ext) ? path.substr(0, path.size() - ext.size()) : path;
+    mine = fmt::format("{}.rank{}{}", stem, topology_.rank, ext);
+  }
+  TF_ASSIGN_OR_RETURN(TrainState s, ReadTrainState(mine, env_));
+  return SetState(s).WithContext(fmt::format("resuming from '{}'", mine));
+}
+
+StatusOr<TrainResult> Trainer::Run() {
+  result_ = TrainResult{};
+  const int64_t max_steps = config_.max_steps;
+  for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnStart(*this));
+  bool stopped = false;
+  while (step_ < max_steps) {
+    TF_ASSIGN_OR_RETURN(StepStats s, Step());
+    if (!std::isfinite(s.loss)) {
+      return Status::Internal("loss became {} at step {} (lr {:.3g}); lower lr or check the data", s.loss, s.step,
+                              s.lr);
+    }
+    const bool stop_here = stop_agreed_ || (config_.stop_at_step > 0 && s.step >= config_.stop_at_step);
+    s.last = s.step == max_steps;
+    s.stopping = stop_here && !s.last;  // observers record the step but skip evaluation and sampling
+    for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnStep(*this, s));
+    result_.steps.push_back(s);
+    if (s.stopping) {
+      stopped = true;
+      break;
+    }
+  }
+  result_.final_step = step_;
+  result_.stopped = stopped;
+  for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnEnd(*this, result_));
+  if (options_.write_outputs) TF_RETURN_IF_ERROR(WriteOutputs(result_));
+  return result_;
 }
 
 Status Trainer::WriteOutputs(const TrainResult& result) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(config_.out_dir, ec);
-  if (ec) return Status::IOError("cannot create out_dir '{}': {}", config_.out_dir, ec.message());
-  const std::string weights = (fs::path(config_.out_dir) / "model.safetensors").string();
+  // Every rank saves its state when asked (stops always save it: a stopped run is meant to resume).
+  if (config_.save_state || result.stopped) {
+    TF_ASSIGN_OR_RETURN(TrainState state, GetState());
+    TF_RETURN_IF_ERROR(WriteTrainState(StatePath(), state, env_));
+  }
+  if (topology_.rank != 0) return Status::OK();
+  const std::string dir = config_.out_dir;
+  const std::string weights = dir + "/model.safetensors";
   std::vector<float> params(static_cast<size_t>(backend_->layout().total()));
   TF_RETURN_IF_ERROR(backend_->GetParams(params));
-  TF_RETURN_IF_ERROR(ExportHFWeights(weights, model_config_, params,
-                                     {{"trainflow.model_config", ModelConfigToJson(model_config_).dump()},
-                                      {"trainflow.step", std::to_string(config_.max_steps)}}));
-  auto write_text = [](const fs::path& path, const std::string& text) -> Status {
-    std::ofstream out(path);
-    out << text;
-    out.close();
-    if (!out) return Status::IOError("cannot write '{}'", path.string());
-    return Status::OK();
-  };
-  TF_RETURN_IF_ERROR(write_text(fs::path(config_.out_dir) / "config.json", HFConfigJson(model_config_)));
-  TF_RETURN_IF_ERROR(
-      write_text(fs::path(config_.out_dir) / "model_config.json", ModelConfigToJson(model_config_).dump(2) + "\n"));
-  TF_RETURN_IF_ERROR(
-      write_text(fs::path(config_.out_dir) / "train_config.json", TrainConfigToJson(config_).dump(2) + "\n"));
-  std::string metrics;
-  for (const StepStats& s : result.steps) {
-    nlohmann::json line{{"step", s.step + 1}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
-                        {"ms", s.ms},         {"tokens_per_s", s.tokens_per_s}};
-    if (reducer_ || device_dp_) {
-      line["comm_exposed_ms"] = s.comm_exposed_ms;
-      line["comm_ms"] = s.comm_ms;
-      line["codec_ms"] = s.codec_ms;
-      line["wire_bytes"] = s.wire_bytes;
-      if (s.comm_ms > 0) line["comm_GBps"] = s.wire_bytes / (s.comm_ms * 1e6);  // achieved, inside collectives
+  const std::map<std::string, std::string> meta = {{"trainflow.model_config", ModelConfigToJson(model_config_).dump()},
+                                                   {"trainflow.step", std::to_string(step_)}};
+  if (Status s = ExportHFWeights(weights, model_config_, params, meta, SafetensorsDtype::kF32, env_); !s.ok()) {
+    // Keep the trained weights somewhere: the run's work must not be lost with the write.
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string rescue = fmt::format("{}/trainflow-rescue-{}", tmp != nullptr && *tmp ? tmp : "/tmp", ::getpid());
+    Status kept = Env::Default()->CreateDirs(rescue);
+    if (kept.ok()) kept = ExportHFWeights(rescue + "/model.safetensors", model_config_, params, meta);
+    if (kept.ok()) {
+      return Status(s.code(), s.message() + fmt::format("; the trained weights were saved to {}/model.safetensors "
+                                                        "instead",
+                                                        rescue));
     }
-    metrics += line.dump() + "\n";
+    return Status(s.code(), s.message() + "; saving them elsewhere failed too: " + kept.message());
   }
-  for (const auto& [step, loss] : result.val_losses) {
-    metrics += nlohmann::json{{"step", step}, {"val_loss", loss}}.dump() + "\n";
+  TF_RETURN_IF_ERROR(env_->WriteFileAtomically(dir + "/config.json", HFConfigJson(model_config_)));
+  TF_RETURN_IF_ERROR(
+      env_->WriteFileAtomically(dir + "/model_config.json", ModelConfigToJson(model_config_).dump(2) + "\n"));
+  TF_RETURN_IF_ERROR(env_->WriteFileAtomically(dir + "/train_config.json", TrainConfigToJson(config_).dump(2) + "\n"));
+  if (options_.print_progress) {
+    fmt::print("wrote {} (Hugging Face GPT-2 safetensors, step {}) and configs\n", weights, step_);
+    std::fflush(stdout);
   }
-  TF_RETURN_IF_ERROR(write_text(fs::path(config_.out_dir) / "metrics.jsonl", metrics));
-  if (options_.print_progress) fmt::print("wrote {} (Hugging Face GPT-2 safetensors) and configs\n", weights);
   return Status::OK();
 }
 

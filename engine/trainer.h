@@ -1,107 +1,161 @@
-// Trainer: the training loop of one rank. Owns the backend (CPU or CUDA model + optimizer, see
-// engine/train_backend.h), the data loaders, and — in a data-parallel job — the communicator and
-// the gradient reducer; reports progress; evaluates; samples; writes the final weights.
+// Trainer: the training loop of one rank. Owns the backend (engine/train_backend.h), the data
+// loaders, the gradient synchroniser (comm/grad_sync.h; a no-op for one rank) and the step
+// observers (engine/observers.h: progress line, metrics.jsonl, evaluation, sampling, ...).
 //
-// One step: ZeroGrad; for each of grad_accum_steps micro-batches ForwardBackward with
-// grad_scale = 1/accum (micro-batch index = step*accum + micro); on the last micro-batch only, the
-// model's grad-ready hook feeds the reducer, which averages buckets over the ranks while backward
-// continues (comm/reducer.h); wait for the reducer; AdamW (global-norm clip, schedule from
-// engine/lr_schedule.h). The reported loss is the mean over ranks and micro-batches.
+// One step (Step): ZeroGrad; for each of grad_accum_steps micro-batches ForwardBackward with
+// grad_scale = 1/accum (micro-batch index = step*accum + micro); on the last one the backend's
+// grad-ready hook feeds the GradientSync, which averages buckets over the ranks while backward
+// continues; Finish; AdamW (engine/lr_schedule.h). The loss is the mean over ranks and micro-batches.
+// The same Step serves one rank, host ranks and GPU ranks, and `trainflow bench` times it.
 //
-// Data parallelism: with world size W (comm/process_group.h), rank r reads global micro-batch
-// i*W + r, so W ranks with batch B train exactly like one rank with batch W*B. Rank 0 broadcasts
-// the initial weights and alone prints, samples and writes outputs. At start every rank checks
-// that all ranks have the same model config, training config and data.
+// Data parallelism: rank r of W reads global micro-batch i*W + r (W ranks with batch B train like
+// one rank with batch W*B); rank 0 broadcasts the initial weights and alone prints and writes the
+// outputs; every rank checks at start that all run the same configs and data. A stop request
+// (SIGINT/SIGTERM, engine/stop_signal.h) is agreed on in the step's loss reduction, so all ranks
+// stop after the same step. Thread safety: one thread.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "base/env.h"
 #include "comm/communicator.h"
+#include "comm/grad_sync.h"
 #include "comm/process_group.h"
-#include "comm/reducer.h"
 #include "engine/data_loader.h"
 #include "engine/train_backend.h"
 #include "engine/train_config.h"
+#include "engine/train_state.h"
 #include "model/gpt2.h"
 #include "model/tokenizer.h"
 
 namespace tf {
 
 struct StepStats {
-  int step = 0;
-  float loss = 0.0f;       // mean over the step's micro-batches
+  int64_t step = 0;        // steps completed, this one included (1-based)
+  float loss = 0.0f;       // mean over the step's micro-batches and the ranks
   float grad_norm = 0.0f;  // before clipping
   double lr = 0.0;
   double ms = 0.0;
   double tokens_per_s = 0.0;  // all ranks together
-  // Data parallel (zeros when world size is 1 and no compression): comm/reducer.h ReducerStats.
+  // Gradient synchronisation (zeros for one rank without compression): comm/grad_sync.h ReducerStats.
   double comm_exposed_ms = 0.0;
   double comm_ms = 0.0;
   double codec_ms = 0.0;
   int64_t wire_bytes = 0;
+  bool last = false;      // step == max_steps
+  bool stopping = false;  // the run stops after this step on request (before max_steps)
+  std::optional<float> val_loss;  // set by the evaluation observer when it evaluated after this step
 };
 
 struct TrainResult {
   std::vector<StepStats> steps;
-  std::vector<std::pair<int, float>> val_losses;  // (step, loss); the last is after the final step
-  std::vector<std::pair<int, std::string>> samples;
+  std::vector<std::pair<int64_t, float>> val_losses;  // (step, loss); the last is after the final step
+  std::vector<std::pair<int64_t, std::string>> samples;
+  int64_t final_step = 0;
+  bool stopped = false;  // a stop was requested (signal or stop_at_step) before max_steps
+};
+
+class Trainer;
+
+// Hooks run after every step, in the order added; an error ends the run with it.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual Status OnStart(Trainer& trainer) { return Status::OK(); }  // before the first step
+  virtual Status OnStep(Trainer& trainer, StepStats& stats) = 0;
+  // After the last step (or a stop), before the outputs are written.
+  virtual Status OnEnd(Trainer& trainer, const TrainResult& result) { return Status::OK(); }
 };
 
 class Trainer {
  public:
   struct Options {
-    bool print_progress = true;  // progress lines, eval results and samples on stdout
-    bool write_outputs = true;   // weights, configs and metrics.jsonl in out_dir
+    bool print_progress = true;  // progress lines, eval results and samples on stdout (rank 0)
+    bool write_outputs = true;   // weights, configs, metrics.jsonl in out_dir (rank 0)
     bool distributed = true;     // join the launcher's process group (false: always world size 1)
+    bool evaluate = true;        // the eval and sampling observers
+    Env* env = nullptr;          // file system (nullptr: Env::Default())
+    // In-memory training tokens instead of the train_data file (`trainflow bench`'s synthetic data).
+    std::vector<uint16_t> train_tokens = {};
   };
-  // Validates the run, loads data (and the tokenizer if samples are wanted) and initialises or
-  // imports the weights. Errors name the offending key or file.
+  // Validates the run, loads data (and the tokenizer if samples are wanted), checks out_dir, and
+  // initialises, imports (init_from) or resumes (resume_state) the weights. Errors name the key or file.
   static StatusOr<std::unique_ptr<Trainer>> Create(const GPT2Config& model, const TrainConfig& train,
                                                    Options options);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
+  ~Trainer();
 
+  // Steps from step() to max_steps (or a stop), running the observers; then the outputs.
   StatusOr<TrainResult> Run();
-  // Mean loss over the first n micro-batches of `loader` (a fixed set, comparable across evals).
-  // In a data-parallel job each rank evaluates its shard and the mean is over all ranks.
+  // One optimizer step (number step() + 1); advances step().
+  StatusOr<StepStats> Step();
+  // Mean loss over micro-batches [0, n_batches) of `loader` (a fixed set, comparable across evals),
+  // averaged over the ranks in a data-parallel job.
   StatusOr<float> Evaluate(const DataLoader& loader, int n_batches);
+  // The same on one rank's backend (`trainflow eval`): mean over micro-batches [0, n_batches).
+  static StatusOr<double> MeanLoss(TrainBackend& backend, const DataLoader& loader, int64_t n_batches);
+  // Text sampled from the current weights at this step (rank 0; needs a tokenizer).
+  StatusOr<std::string> SampleText();
+
+  void AddObserver(std::unique_ptr<StepObserver> observer) { observers_.push_back(std::move(observer)); }
+  // Every byte an exact resume needs (engine/train_state.h), and the inverse.
+  StatusOr<TrainState> GetState();
+  Status SetState(const TrainState& state);
+
+  int64_t step() const { return step_; }
   TrainBackend& backend() { return *backend_; }
   const comm::Topology& topology() const { return topology_; }
-  // The codec chosen for gradient reduction ("none" when there is no reducer).
-  std::string compression() const;
-  ~Trainer();
+  const TrainConfig& config() const { return config_; }
+  const GPT2Config& model_config() const { return model_config_; }
+  const Options& options() const { return options_; }
+  Env* env() const { return env_; }
+  const DataLoader& train_data() const { return *train_data_; }
+  const DataLoader* val_data() const { return val_data_ ? &*val_data_ : nullptr; }
+  bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  bool data_parallel() const { return data_parallel_; }
+  // The codec of gradient synchronisation ("none" for one rank) and why it was chosen.
+  const std::string& compression() const { return codec_; }
+  const std::string& compression_reason() const { return codec_reason_; }
+  comm::GradientSync& gradient_sync() { return *sync_; }
+  const std::vector<std::string>& rank_devices() const { return rank_devices_; }
+  // The result Run() is building (observers add evaluations and samples to it).
+  TrainResult& result() { return result_; }
+  // Barrier after rank-0-only work (sampling), without the collective deadline.
+  Status WaitForRankZero();
 
  private:
   Trainer() = default;
   Status SetUpDataParallel();
-  StatusOr<StepStats> Step(int step);
-  // Barrier after rank-0-only work (sampling), without the collective deadline.
-  Status WaitForRankZero();
-  // Mean of `x` over ranks (x itself when world size is 1).
-  StatusOr<double> MeanOverRanks(double x);
-  std::string SampleText(int step);
+  Status Resume(const std::string& path);
+  // Mean over ranks of x[0..n) (x itself for one rank).
+  Status SumOverRanks(double* x, int n);
   Status WriteOutputs(const TrainResult& result);
+  std::string StatePath() const;
 
   GPT2Config model_config_;
   TrainConfig config_;
   Options options_;
+  Env* env_ = nullptr;
   comm::Topology topology_;
   std::unique_ptr<TrainBackend> backend_;
   std::unique_ptr<comm::Communicator> comm_;
-  std::unique_ptr<comm::GradientReducer> reducer_;
-  bool reduce_this_micro_step_ = false;  // the grad-ready hook forwards to the reducer only then
-  bool device_dp_ = false;               // the backend reduces device gradients itself (NCCL)
-  std::string device_codec_;             // its codec (chosen by auto or configured)
-  std::string compression_reason_;       // why this codec (printed at start)
+  std::unique_ptr<comm::GradientSync> sync_;
+  bool data_parallel_ = false;
+  bool reduce_now_ = false;  // the grad-ready hook forwards to sync_ only on the last micro-step
+  std::string codec_ = "none", codec_reason_;
   std::vector<std::string> rank_devices_;  // "rank r on host (local rank l): device", every rank
   std::optional<DataLoader> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<GPT2> sampler_model_;  // host copy for sampling when the backend is a device
+  std::unique_ptr<GPT2> sampler_model_;  // host copy for sampling
   std::vector<int32_t> inputs_, targets_;
+  std::vector<std::unique_ptr<StepObserver>> observers_;
+  TrainResult result_;
+  int64_t step_ = 0;
+  bool stop_agreed_ = false;  // the last step's reduction said some rank was asked to stop
 };
 
 }  // namespace tf

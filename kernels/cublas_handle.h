@@ -24,7 +24,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda_runtime.h"
-#include "kernels/status.h"
+#include "base/status.h"
 
 namespace tf::cuda {
 

@@ -11,7 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 namespace tf::cuda {
 

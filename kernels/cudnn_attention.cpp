@@ -50,13 +50,12 @@
 // (sm_80) for the fused engines.
 #if defined(TF_WITH_CUDA)
 #include "kernels/cudnn_attention.h"
+#include "base/dynlib.h"
 
 #if __has_include(<cudnn_graph.h>)
 #define TF_HAVE_CUDNN_HEADERS 1
 #endif
 
-#include <dlfcn.h>
-#include <glob.h>
 
 #include <array>
 #include <cmath>
@@ -133,100 +132,52 @@ struct Cudnn {
   bool ok() const { return error.empty(); }
 };
 
-// Resolves the symbols from an opened library and checks the version. Fills c->error on failure.
-void ResolveCudnn(void* lib, Cudnn* c) {
-  auto sym = [&](auto& fn, const char* name) {
-    if (!c->error.empty()) return;
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-    if (fn == nullptr) c->error = fmt::format("{} lacks {} (not cuDNN 9?)", c->path, name);
-  };
-  sym(c->GetVersion, "cudnnGetVersion");
-  sym(c->GetErrorString, "cudnnGetErrorString");
-  sym(c->GetLastErrorString, "cudnnGetLastErrorString");
-  sym(c->Create, "cudnnCreate");
-  sym(c->Destroy, "cudnnDestroy");
-  sym(c->SetStream, "cudnnSetStream");
-  sym(c->CreateDescriptor, "cudnnBackendCreateDescriptor");
-  sym(c->DestroyDescriptor, "cudnnBackendDestroyDescriptor");
-  sym(c->SetAttribute, "cudnnBackendSetAttribute");
-  sym(c->GetAttribute, "cudnnBackendGetAttribute");
-  sym(c->Finalize, "cudnnBackendFinalize");
-  sym(c->Execute, "cudnnBackendExecute");
-  if (!c->error.empty()) return;
+// Resolves the symbols of a loaded library into *c and checks the version.
+Status ResolveCudnn(const DynamicLibrary& lib, Cudnn* c) {
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->GetVersion, "cudnnGetVersion"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->GetErrorString, "cudnnGetErrorString"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->GetLastErrorString, "cudnnGetLastErrorString"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->Create, "cudnnCreate"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->Destroy, "cudnnDestroy"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->SetStream, "cudnnSetStream"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->CreateDescriptor, "cudnnBackendCreateDescriptor"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->DestroyDescriptor, "cudnnBackendDestroyDescriptor"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->SetAttribute, "cudnnBackendSetAttribute"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->GetAttribute, "cudnnBackendGetAttribute"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->Finalize, "cudnnBackendFinalize"));
+  TF_RETURN_IF_ERROR(lib.Resolve(&c->Execute, "cudnnBackendExecute"));
   c->version = static_cast<int64_t>(c->GetVersion());
   if (c->version < kMinVersion || c->version >= 100000) {
-    c->error = fmt::format("{} is cuDNN {}; cuDNN attention needs 9.x >= {}", c->path, c->version, kMinVersion);
+    return Status::NotFound("cuDNN {}; cuDNN attention needs 9.x >= {}", c->version, kMinVersion);
   }
+  c->path = lib.path();
+  return Status::OK();
 }
 
-// Opens one candidate file; on success resolves it. Returns false (and records why) on dlopen failure.
-bool TryOpen(const std::string& path, Cudnn* c, std::vector<std::string>* tried) {
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* why = dlerror();
-    tried->push_back(why != nullptr ? std::string(why) : path);
-    return false;
-  }
-  c->path = path;
-  char origin[4096] = {0};
-  if (path.find('/') == std::string::npos && dlinfo(lib, RTLD_DI_ORIGIN, origin) == 0) {
-    c->path = std::string(origin) + "/" + path;  // found through the library path: say where
-  }
-  ResolveCudnn(lib, c);  // a usable library stays open for the process lifetime (as NCCL's)
-  // An unusable one (too old, not cuDNN) is closed again, so that its sub-libraries cannot later be
-  // shared by name with a newer cuDNN found further down the search.
-  if (!c->ok()) dlclose(lib);
-  return true;
-}
-
-// Search order: TRAINFLOW_CUDNN_LIBRARY (when set, only that file: an explicit choice is not silently
-// replaced by another cuDNN), $CUDNN_HOME/lib{,64}, the dynamic loader's path (LD_LIBRARY_PATH,
-// ld.so.cache), $CUDA_HOME/lib64, PyTorch's pip wheel nvidia-cudnn-cu1x (/opt/torch/.venv and the
-// usual site-/dist-packages).
-Cudnn* LoadCudnnFromEnvironment() {
-  auto* c = new Cudnn();
-  std::vector<std::string> tried;
-  if (const char* p = std::getenv("TRAINFLOW_CUDNN_LIBRARY"); p != nullptr && *p != '\0') {
-    if (!TryOpen(p, c, &tried)) {
-      c->error = fmt::format("TRAINFLOW_CUDNN_LIBRARY={} cannot be loaded: {}", p, fmt::join(tried, ", "));
-    }
-    return c;
-  }
-  std::vector<std::string> candidates;
-  if (const char* h = std::getenv("CUDNN_HOME")) {
-    candidates.push_back(std::string(h) + "/lib/libcudnn.so.9");
-    candidates.push_back(std::string(h) + "/lib64/libcudnn.so.9");
-  }
-  candidates.push_back("libcudnn.so.9");
-  if (const char* h = std::getenv("CUDA_HOME")) candidates.push_back(std::string(h) + "/lib64/libcudnn.so.9");
-  for (const char* pattern : {"/opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9",
-                              "/usr/local/lib/python3*/dist-packages/nvidia/cudnn/lib/libcudnn.so.9",
-                              "/usr/lib/python3*/dist-packages/nvidia/cudnn/lib/libcudnn.so.9",
-                              "/usr/local/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9",
-                              "/opt/conda/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9"}) {
-    glob_t g{};
-    if (glob(pattern, 0, nullptr, &g) == 0) {
-      for (size_t i = 0; i < g.gl_pathc; ++i) candidates.push_back(g.gl_pathv[i]);
-    }
-    globfree(&g);
-  }
-  for (const std::string& path : candidates) {
-    Cudnn attempt;
-    if (!TryOpen(path, &attempt, &tried)) continue;
-    if (attempt.ok()) {
-      *c = attempt;
-      return c;
-    }
-    tried.push_back(attempt.error);  // loadable but unusable (too old, missing symbols): keep looking
-  }
-  c->error = fmt::format("no usable libcudnn.so.9 (tried {}); install cuDNN >= 9.10.2, put its lib directory on "
-                         "LD_LIBRARY_PATH or set TRAINFLOW_CUDNN_LIBRARY",
-                         fmt::join(tried, "; "));
-  return c;
+// TRAINFLOW_CUDNN_LIBRARY alone when set; else base/dynlib.h's usual places for NVIDIA libraries.
+LibrarySearch CudnnSearch() {
+  return LibrarySearch{.name = "libcudnn.so.9",
+                       .override_env = "TRAINFLOW_CUDNN_LIBRARY",
+                       .candidates = NvidiaLibraryCandidates("libcudnn.so.9", "CUDNN_HOME", "cudnn"),
+                       .hint = "install cuDNN >= 9.10.2, put its lib directory on LD_LIBRARY_PATH or set "
+                               "TRAINFLOW_CUDNN_LIBRARY"};
 }
 
 const Cudnn& LoadCudnn() {
-  static const Cudnn* cudnn = LoadCudnnFromEnvironment();
+  static const Cudnn* cudnn = [] {
+    auto* c = new Cudnn();
+    auto lib = LoadLibrary(CudnnSearch(), [c](const DynamicLibrary& l) {
+      *c = Cudnn();
+      return ResolveCudnn(l, c);
+    });
+    if (!lib.ok()) {
+      *c = Cudnn();
+      c->error = lib.status().message();
+    } else {
+      new DynamicLibrary(std::move(lib).value());  // stays open for the process lifetime
+    }
+    return c;
+  }();
   return *cudnn;
 }
 
@@ -715,11 +666,9 @@ std::string CudnnLibraryDescription() {
 }
 
 Status ProbeCudnnLibrary(const std::string& path) {
+  TF_ASSIGN_OR_RETURN(DynamicLibrary lib, DynamicLibrary::Open(path));
   Cudnn c;
-  std::vector<std::string> tried;
-  if (!TryOpen(path, &c, &tried)) return Status::NotFound("cannot load {}: {}", path, fmt::join(tried, ", "));
-  if (!c.ok()) return Status::NotFound("{}", c.error);
-  return Status::OK();
+  return ResolveCudnn(lib, &c).WithContext(lib.path());
 }
 
 StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(CudnnAttentionOptions options) {

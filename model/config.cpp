@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include "model/json_util.h"
+
 #include <fstream>
 #include <set>
 
@@ -76,10 +78,7 @@ StatusOr<GPT2Config> ParseModelConfig(const nlohmann::json& j, const std::string
 }
 
 StatusOr<GPT2Config> LoadModelConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("model config '{}' cannot be opened", path);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  if (j.is_discarded()) return Status::InvalidArgument("model config '{}' is not valid JSON", path);
+  TF_ASSIGN_OR_RETURN(nlohmann::json j, ReadJsonFile(path, "model config"));
   return ParseModelConfig(j, path);
 }
 

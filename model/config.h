@@ -10,7 +10,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 namespace tf {
 

@@ -11,7 +11,7 @@
 #include <memory>
 #include <span>
 
-#include "kernels/buffer.h"
+#include "base/aligned_buffer.h"
 #include "model/config.h"
 #include "model/parameters.h"
 

@@ -12,6 +12,7 @@
 #include "kernels/classifier.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
+#include "base/float16.h"
 #include "kernels/flash_attention.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
@@ -20,20 +21,6 @@ namespace tf {
 namespace {
 
 using cuda::DType;
-
-uint16_t ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float FromBf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 }  // namespace
 
@@ -335,7 +322,7 @@ Status GPT2Cuda::LoadParams(std::span<const float> host) {
   if (dtype_ == DType::kBF16) {
     std::vector<uint16_t> h(static_cast<size_t>(P));
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < P; ++i) h[static_cast<size_t>(i)] = ToBf16(host[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < P; ++i) h[static_cast<size_t>(i)] = FloatToBf16(host[static_cast<size_t>(i)]);
     TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(params_.data(), h.data(), P * 2, cudaMemcpyHostToDevice, stream_));
     TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   }
@@ -361,7 +348,7 @@ Status GPT2Cuda::StoreGrads(std::span<float> host) const {
   } else {
     std::vector<uint16_t> h(static_cast<size_t>(P));
     TF_CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), grads_.data(), P * 2, cudaMemcpyDeviceToHost));
-    for (int64_t i = 0; i < P; ++i) host[static_cast<size_t>(i)] = FromBf16(h[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < P; ++i) host[static_cast<size_t>(i)] = Bf16ToFloat(h[static_cast<size_t>(i)]);
   }
   return Status::OK();
 }

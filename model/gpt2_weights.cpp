@@ -1,5 +1,6 @@
 #include "model/gpt2_weights.h"
 
+#include <cmath>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -28,13 +29,13 @@ std::string ShapeString(const std::vector<int64_t>& s) {
 }
 
 bool IsIgnoredBuffer(const std::string& name) {
-  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name == "lm_head.weight";
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
 }
 
 }  // namespace
 
-Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::span<float> params) {
-  TF_ASSIGN_OR_RETURN(SafetensorsContents file, ReadSafetensors(path));
+Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::span<float> params, Env* env) {
+  TF_ASSIGN_OR_RETURN(SafetensorsContents file, ReadSafetensors(path, env));
   return LoadHFTensors(file.tensors, config, params, path);
 }
 
@@ -45,8 +46,13 @@ Status LoadHFTensors(const std::vector<NamedTensor>& tensors, const GPT2Config& 
     return Status::Internal("LoadHFTensors: buffer has {} floats, layout needs {}", params.size(), layout.total());
   }
   std::map<std::string, const NamedTensor*> by_name;
+  const NamedTensor* lm_head = nullptr;
   for (const NamedTensor& t : tensors) {
     if (IsIgnoredBuffer(t.name)) continue;
+    if (t.name == "lm_head.weight") {
+      lm_head = &t;  // checked against wte below: TrainFlow's GPT-2 ties them
+      continue;
+    }
     std::string key = t.name.starts_with("transformer.") ? t.name : "transformer." + t.name;
     if (layout.Find(key) == nullptr) {
       return Status::InvalidArgument("{}: unexpected tensor '{}' (not a GPT-2 parameter of this config: n_layer={})",
@@ -76,6 +82,23 @@ Status LoadHFTensors(const std::vector<NamedTensor>& tensors, const GPT2Config& 
     if (static_cast<int64_t>(src.data.size()) != want_numel) {
       return Status::InvalidArgument("{}: tensor '{}' holds {} values, its shape needs {}", path, src.name,
                                      src.data.size(), want_numel);
+    }
+    for (size_t i = 0; i < src.data.size(); ++i) {
+      if (!std::isfinite(src.data[i])) {
+        return Status::InvalidArgument("{}: tensor '{}' holds {} at element {}: the weights are damaged", path,
+                                       src.name, src.data[i], i);
+      }
+    }
+    if (t.name == "transformer.wte.weight" && lm_head != nullptr) {
+      if (lm_head->shape != src.shape) {
+        return Status::InvalidArgument("{}: lm_head.weight has shape {}, but the tied LM head must equal wte {}", path,
+                                       ShapeString(lm_head->shape), ShapeString(src.shape));
+      }
+      if (lm_head->data != src.data) {
+        return Status::InvalidArgument("{}: lm_head.weight differs from transformer.wte.weight; TrainFlow's GPT-2 ties "
+                                       "them, so an untied LM head cannot be loaded",
+                                       path);
+      }
     }
     float* dst = params.data() + t.offset;
     if (IsConv1D(t.name)) {
@@ -111,7 +134,7 @@ std::vector<NamedTensor> ToHFTensors(const GPT2Config& config, std::span<const f
 }
 
 Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::span<const float> params,
-                       std::map<std::string, std::string> metadata, SafetensorsDtype dtype) {
+                       std::map<std::string, std::string> metadata, SafetensorsDtype dtype, Env* env) {
   ParameterLayout layout(config);
   if (static_cast<int64_t>(params.size()) != layout.total()) {
     return Status::Internal("ExportHFWeights: buffer has {} floats, layout needs {}", params.size(), layout.total());
@@ -134,7 +157,7 @@ Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::s
     }
   }
   metadata.emplace("format", "pt");
-  return WriteSafetensors(path, views, metadata, dtype);
+  return WriteSafetensors(path, views, metadata, dtype, env);
 }
 
 std::string HFConfigJson(const GPT2Config& c) {

@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-#include "kernels/status.h"
+#include "base/status.h"
 #include "model/config.h"
 #include "model/parameters.h"
 #include "model/safetensors.h"
@@ -20,7 +20,9 @@ namespace tf {
 
 // Loads `path` into params (laid out by ParameterLayout(config)).
 // REQUIRES: params.size() == ParameterLayout(config).total().
-Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::span<float> params);
+// Refuses non-finite values (naming the tensor) and an lm_head.weight that is not wte (tied).
+Status ImportHFWeights(const std::string& path, const GPT2Config& config, std::span<float> params,
+                       Env* env = Env::Default());
 
 // Same, from tensors already in memory; `source` names their origin in errors.
 Status LoadHFTensors(const std::vector<NamedTensor>& tensors, const GPT2Config& config, std::span<float> params,
@@ -34,7 +36,7 @@ std::vector<NamedTensor> ToHFTensors(const GPT2Config& config, std::span<const f
 // Conv1D layout, vocab_size rows of wte). `metadata` is stored in __metadata__ (plus "format": "pt").
 Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::span<const float> params,
                        std::map<std::string, std::string> metadata = {},
-                       SafetensorsDtype dtype = SafetensorsDtype::kF32);
+                       SafetensorsDtype dtype = SafetensorsDtype::kF32, Env* env = Env::Default());
 
 // Hugging Face's config.json for the model (GPT2LMHeadModel, gelu_new, eps 1e-5, tied embeddings).
 std::string HFConfigJson(const GPT2Config& config);

@@ -7,8 +7,8 @@
 //
 // Reading accepts F32, F16 and BF16 and always returns float32 in memory. Writing produces F32
 // (default), F16 or BF16, with the header padded with spaces so the data buffer starts at a
-// multiple of 8 bytes. Files are written atomically: to "<path>.tmp", fsync'd, then renamed over
-// <path>, so a crash never leaves a half-written file under the final name.
+// multiple of 8 bytes. Files are written atomically (Env::WriteFileAtomically), so a crash or a full
+// disk never leaves a half-written file under the final name.
 //
 // Errors (never exits, never throws): a missing file is NotFound; a file whose bytes do not
 // follow the format is Corruption; a well-formed file using a dtype this reader does not convert
@@ -24,7 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.h"
+#include "base/env.h"
+#include "base/status.h"
 
 namespace tf {
 
@@ -59,7 +60,7 @@ enum class SafetensorsDtype { kF32, kF16, kBF16 };
 inline constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 
 // Reads and fully validates a file, converting F32 / F16 / BF16 tensors to float32.
-StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path);
+StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path, Env* env = Env::Default());
 
 // Writes `tensors` in the given order, converting to `dtype` (F16/BF16: round to nearest even;
 // F16 overflows to +-inf). REQUIRES for OK: names non-empty, unique, not "__metadata__";
@@ -67,11 +68,11 @@ StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path);
 // leave nothing on disk.
 Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
                         const std::map<std::string, std::string>& metadata,
-                        SafetensorsDtype dtype = SafetensorsDtype::kF32);
+                        SafetensorsDtype dtype = SafetensorsDtype::kF32, Env* env = Env::Default());
 // Same, for owned tensors; also REQUIRES data.size() == prod(shape). Pointers must be non-null.
 Status WriteSafetensors(const std::string& path, const std::vector<const NamedTensor*>& tensors,
                         const std::map<std::string, std::string>& metadata,
-                        SafetensorsDtype dtype = SafetensorsDtype::kF32);
+                        SafetensorsDtype dtype = SafetensorsDtype::kF32, Env* env = Env::Default());
 // Lets callers write WriteSafetensors(path, {&a, &b}, meta): without it a braced list of
 // NamedTensor* is ambiguous (std::vector<TensorView> has an iterator-pair constructor).
 inline Status WriteSafetensors(const std::string& path,

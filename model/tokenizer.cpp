@@ -1,5 +1,8 @@
 #include "model/tokenizer.h"
 
+#include "base/env.h"
+#include "model/json_util.h"
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -112,29 +115,9 @@ bool DecodeUtf8(std::string_view s, std::vector<char32_t>* out) {
 }
 
 StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    return Status::NotFound("{}: no such file", path);
-  }
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return Status::InvalidArgument("{}: not a regular file", path);
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::FromErrno("opening " + path, errno);
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return Status::FromErrno("reading " + path, errno);
-  return std::move(buf).str();
-}
-
-// 1-based line and column of byte offset `pos` (0-based) in `text`.
-std::pair<size_t, size_t> LineAndColumn(std::string_view text, size_t pos) {
-  pos = std::min(pos, text.size());
-  size_t line = 1, line_start = 0;
-  for (size_t i = 0; i < pos; ++i) {
-    if (text[i] == '\n') { ++line; line_start = i + 1; }
-  }
-  return {line, pos - line_start + 1};
+  auto text = Env::Default()->ReadFileToString(path);
+  if (!text.ok() && text.status().code() == StatusCode::kNotFound) return Status::NotFound("{}: no such file", path);
+  return text;
 }
 
 uint64_t PairKey(int32_t a, int32_t b) {
@@ -293,16 +276,9 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadGpt2Tokenizer(const std::string& encode
 
   // encoder.json: {"<symbol string>": id, ...}, ids a permutation of 0..N-1.
   TF_ASSIGN_OR_RETURN(const std::string json_text, ReadWholeFile(encoder_json_path));
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
-    const auto [line, col] = LineAndColumn(json_text, e.byte == 0 ? 0 : e.byte - 1);
-    return Status::Corruption("{}:{}:{}: malformed JSON: {}", encoder_json_path, line, col,
-                              e.what());
-  } catch (const std::exception& e) {
-    return Status::Corruption("{}: cannot parse JSON: {}", encoder_json_path, e.what());
-  }
+  auto parsed = ParseJson(json_text, encoder_json_path, /*allow_comments=*/false);
+  if (!parsed.ok()) return Status(StatusCode::kCorruption, parsed.status().message());
+  nlohmann::json json = std::move(parsed).value();
   if (!json.is_object() || json.empty()) {
     return Status::Corruption("{}: expected a non-empty JSON object mapping symbols to ids",
                               encoder_json_path);

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 namespace tf {
 

@@ -208,7 +208,7 @@ TEST_F(CommTest, ReducerExactEqualsSerialAverageOnEveryRank) {
       std::vector<uint64_t> all(static_cast<size_t>(topo_.world));
       ASSERT_TRUE(comm_->AllGather(&h, all.data(), sizeof(h)).ok());
       for (uint64_t x : all) ASSERT_EQ(x, all[0]);
-      const ReducerStats& st = (*reducer)->last_stats();
+      const ReducerStats st = *(*reducer)->LastStats();
       EXPECT_EQ(st.raw_bytes, n * 4);
       EXPECT_GT(st.wire_bytes, 0);
       EXPECT_GE(st.exposed_ms, 0.0);
@@ -263,8 +263,8 @@ TEST_F(CommTest, ReducerCodecsErrorFeedbackAndAgreement) {
         EXPECT_LT(rel, c.max_rel_err);
         if (topo_.rank == 0) {
           std::printf("[ codec %-8s ] relative L2 error vs exact average %.3e; %lld bytes sent for %lld raw\n", c.spec,
-                      rel, static_cast<long long>((*reducer)->last_stats().wire_bytes),
-                      static_cast<long long>((*reducer)->last_stats().raw_bytes));
+                      rel, static_cast<long long>((*reducer)->LastStats()->wire_bytes),
+                      static_cast<long long>((*reducer)->LastStats()->raw_bytes));
         }
       }
       const uint64_t h = Fingerprint(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 4));
@@ -273,8 +273,8 @@ TEST_F(CommTest, ReducerCodecsErrorFeedbackAndAgreement) {
       for (uint64_t x : all) ASSERT_EQ(x, all[0]) << "ranks disagree after step " << step;
     }
     std::vector<double> kept(static_cast<size_t>(n));
-    const auto res = (*reducer)->residual();
-    const auto server = (*reducer)->server_residual();
+    std::vector<float> res, server;
+    ASSERT_TRUE((*reducer)->GetState(&res, &server).ok());
     for (int64_t i = 0; i < n; ++i) {
       kept[static_cast<size_t>(i)] = res[static_cast<size_t>(i)] / topo_.world +
                                      (server.empty() ? 0.0 : server[static_cast<size_t>(i)]);
@@ -307,7 +307,7 @@ TEST_F(CommTest, ReducerOverlapsBucketsWithBackward) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the rest of "backward"
   }
   ASSERT_TRUE((*reducer)->Finish().ok());
-  EXPECT_GE((*reducer)->last_stats().overlapped_buckets, 2);
+  EXPECT_GE((*reducer)->LastStats()->overlapped_buckets, 2);
   for (float x : g) ASSERT_EQ(x, 1.0f);  // the average of ones
 }
 

@@ -123,7 +123,7 @@ TEST(GradientReducer, ExactOnOneRankLeavesGradientsAndReportsMissingRanges) {
   for (auto [b, e] : ranges) (*r)->MarkReady(b, e);
   ASSERT_TRUE((*r)->Finish().ok());
   EXPECT_EQ(g, before);
-  EXPECT_EQ((*r)->last_stats().buckets, static_cast<int>((*r)->buckets().size()));
+  EXPECT_EQ((*r)->LastStats()->buckets, static_cast<int>((*r)->buckets().size()));
 
   (*r)->BeginStep(1);
   (*r)->MarkReady(ranges[0].first, ranges[0].second);
@@ -161,10 +161,10 @@ TEST(GradientReducer, ErrorFeedbackLosesNothingOnOneRank) {
       for (auto [b, e] : ranges) (*r)->MarkReady(b, e);
       ASSERT_TRUE((*r)->Finish().ok());
       for (int64_t i = 0; i < n; ++i) out_sum[static_cast<size_t>(i)] += g[static_cast<size_t>(i)];
-      EXPECT_GT((*r)->last_stats().wire_bytes, -1);
+      EXPECT_GT((*r)->LastStats()->wire_bytes, -1);
     }
-    const auto res = (*r)->residual();
-    const auto server = (*r)->server_residual();
+    std::vector<float> res, server;
+    ASSERT_TRUE((*r)->GetState(&res, &server).ok());
     for (int64_t i = 0; i < n; ++i) {
       const double kept = res[static_cast<size_t>(i)] + (server.empty() ? 0.0 : server[static_cast<size_t>(i)]);
       ASSERT_NEAR(out_sum[static_cast<size_t>(i)] + kept, in_sum[static_cast<size_t>(i)], 1e-4) << "element " << i;

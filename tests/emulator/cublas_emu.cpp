@@ -61,6 +61,8 @@
 #include <new>
 #include <vector>
 
+#include "base/float16.h"
+
 // The opaque handle types the headers declare (cublasHandle_t = cublasContext*, cublasLtHandle_t =
 // cublasLtContext*). cuBLAS documents that a cublasHandle_t may be cast to a cublasLtHandle_t, so
 // both begin with the magic word that identifies a live handle.
@@ -142,22 +144,10 @@ size_t ElementBytes(int t) { return t == CUDA_R_32F ? 4 : 2; }  // of the types 
 // The cudaDataType_t values the headers define (anything else is not a type at all).
 bool IsKnownType(int t) { return t >= CUDA_R_32F && t <= CUDA_R_4F_E2M1; }
 
-float Bf16ToFloat(uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); }
-
-// Round to nearest even, NaN to the canonical 0x7fff (as __float2bfloat16_rn and cvt.rn.bf16.f32).
-uint16_t FloatToBf16(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-float HalfToFloat(uint16_t h) {
-  __half_raw r;
-  r.x = h;
-  return __half2float(__half(r));
-}
-
-uint16_t FloatToHalf(float f) { return static_cast<__half_raw>(__float2half_rn(f)).x; }
+using ::tf::Bf16ToFloat;  // base/float16.h: the same bits as cvt.rn.bf16.f32 / __float2half_rn
+using ::tf::FloatToBf16;
+using ::tf::FloatToHalf;
+using ::tf::HalfToFloat;
 
 // TF32 keeps 10 mantissa bits; "input conversion rounds to nearest even" (cublasMath_t).
 float RoundToTf32(float f) {

@@ -5,6 +5,7 @@
 // Streams execute every operation when it is issued, so stream order, events and cross-stream waits
 // hold trivially; what the emulator checks instead is that each call is valid (known stream/event,
 // copies inside live allocations, frees of live allocations) and it reports misuse on stderr.
+#include "base/float16.h"
 #include "tests/emulator/cuemu.h"
 
 #if !defined(__x86_64__)
@@ -522,10 +523,7 @@ uint16_t LoadB16(const unsigned char* row, int col) {
   return v;
 }
 float Bf16Bits(uint32_t packed, int half) {
-  const uint32_t u = (half == 0 ? (packed & 0xffffu) : (packed >> 16)) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return tf::Bf16ToFloat(static_cast<uint16_t>(half == 0 ? (packed & 0xffffu) : (packed >> 16)));
 }
 }  // namespace
 

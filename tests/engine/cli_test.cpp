@@ -349,7 +349,7 @@ TEST_F(CliTest, PrepareTrainEvalSampleExportBench) {
   }
   // --device defaults to auto (the GPU when one is visible, as for train); others are refused by name.
   r = Run({"bench", "--model", kByteTiny, "--device", "tpu", "--steps", "1"});
-  ExpectCleanFailure(r, {"--device", "tpu"});
+  ExpectCleanFailure(r, {"'device'", "tpu"});
 }
 
 }  // namespace

@@ -141,11 +141,14 @@ TEST_F(TrainerTest, CudaOnlyOptionsOnCpuAreNamedAsIgnored) {
   t.device = "cpu";
   t.attention = "cudnn";
   t.recompute = 2;
+  // The warning goes through spdlog: stderr once logging is set up, stdout for its default logger.
   testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
   auto trainer = Trainer::Create(model_, t, Trainer::Options{.print_progress = true, .write_outputs = false});
-  const std::string out = testing::internal::GetCapturedStdout();
+  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string out = testing::internal::GetCapturedStdout() + err;
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
-  EXPECT_NE(out.find("attention \"cudnn\", recompute 2, gelu_fusion -1 apply to the CUDA backend only"),
+  EXPECT_NE(out.find("attention \"cudnn\", recompute 2, gelu_fusion -1, fuse_residual true apply to the CUDA backend only"),
             std::string::npos)
       << out;
 }

@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include "base/float16.h"
 #include "kernels/cuda_runtime.h"
 
 namespace tf::test {
@@ -25,19 +26,8 @@ namespace tf::test {
     if (::tf::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible"; \
   } while (0)
 
-inline uint16_t FloatToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float Bf16ToFloat(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using ::tf::Bf16ToFloat;
+using ::tf::FloatToBf16;
 // Rounds through bf16 (what the device sees when inputs are stored in bf16).
 inline std::vector<float> RoundBf16(const std::vector<float>& v) {
   std::vector<float> r(v.size());

@@ -1,15 +1,16 @@
 // Tests for model/gpt2_weights.h: Hugging Face GPT-2 safetensors export/import round trips
 // bit-exactly (F32) or within the dtype's rounding (F16, BF16); the file follows HF's layout
 // (transformer.* names, Conv1D weights stored (in, out), wte with vocab_size rows); the importer
-// accepts GPT2Model names without the prefix and ignores attn.bias / attn.masked_bias /
-// lm_head.weight; missing, extra, duplicated and mis-shaped tensors and a wrong n_layer are
-// errors naming the tensor and the file.
+// accepts GPT2Model names without the prefix, ignores attn.bias / attn.masked_bias and accepts
+// lm_head.weight only when it equals wte (the heads are tied); missing, extra, duplicated,
+// mis-shaped and non-finite tensors and a wrong n_layer are errors naming the tensor and file.
 #include "model/gpt2_weights.h"
 
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -232,21 +233,41 @@ TEST_F(GPT2WeightsTest, NamesWithoutTransformerPrefixImport) {
   EXPECT_TRUE(BitIdentical(imported_->params(), model_->params()));
 }
 
-TEST_F(GPT2WeightsTest, BuffersAndTiedLmHeadAreIgnored) {
+TEST_F(GPT2WeightsTest, BuffersAreIgnoredAndTiedLmHeadMustEqualWte) {
   std::vector<NamedTensor> ts = ExportedTensors();
   const int64_t T = config_.block_size;
-  // As in Hugging Face checkpoints: the causal mask buffer, masked_bias, and the tied LM head
-  // (here deliberately different from wte, to show it is not read).
+  // As in Hugging Face checkpoints: the causal mask buffer, masked_bias, and the tied LM head.
   for (int l = 0; l < config_.n_layer; ++l) {
     ts.push_back({"transformer.h." + std::to_string(l) + ".attn.bias", {1, 1, T, T},
                   std::vector<float>(static_cast<size_t>(T * T), 1.0f)});
     ts.push_back({"h." + std::to_string(l) + ".attn.masked_bias", {}, {-1e4f}});
   }
-  ts.push_back({"lm_head.weight", {config_.vocab_size, config_.n_embd},
-                std::vector<float>(static_cast<size_t>(config_.vocab_size * config_.n_embd), 9.0f)});
+  const NamedTensor* wte = nullptr;
+  for (const NamedTensor& t : ts) {
+    if (t.name == "wte.weight" || t.name == "transformer.wte.weight") wte = &t;
+  }
+  ASSERT_NE(wte, nullptr);
+  ts.push_back({"lm_head.weight", wte->shape, wte->data});
   Status s = ImportCrafted(ts, "hf_full.safetensors");
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(BitIdentical(imported_->params(), model_->params()));
+
+  // An untied head would be silently dropped: it is refused, naming the tensor.
+  ts.back().data[3] += 1.0f;
+  ExpectError(ImportCrafted(ts, "untied.safetensors"), {"lm_head.weight differs from transformer.wte.weight",
+                                                        "untied.safetensors"});
+  ts.back().shape = {config_.n_embd, config_.vocab_size};
+  ExpectError(ImportCrafted(ts, "transposed.safetensors"), {"lm_head.weight has shape", "transposed.safetensors"});
+}
+
+TEST_F(GPT2WeightsTest, NonFiniteValueIsAnErrorNamingTensorAndElement) {
+  for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    std::vector<NamedTensor> ts = ExportedTensors();
+    for (NamedTensor& t : ts) {
+      if (t.name == "transformer.h.1.ln_2.weight") t.data[5] = bad;
+    }
+    ExpectError(ImportCrafted(ts, "nan.safetensors"), {"transformer.h.1.ln_2.weight", "element 5", "nan.safetensors"});
+  }
 }
 
 TEST_F(GPT2WeightsTest, MissingTensorIsAnErrorNamingIt) {

@@ -3,6 +3,8 @@
 // and every kind of malformed file producing the right code and a message naming the file.
 #include "model/safetensors.h"
 
+#include "base/fault_env.h"
+
 #include <unistd.h>
 
 #include <bit>
@@ -291,11 +293,11 @@ TEST_F(SafetensorsTest, F16AndBf16WritersRoundToNearestEven) {
   // Overflow and specials.
   auto s = WriteAndGetCodes(Path("s.safetensors"), {65520.f, -1e6f, INFINITY, std::nanf("")},
                             SafetensorsDtype::kF16);
-  EXPECT_EQ(s, (std::vector<uint16_t>{0x7c00, 0xfc00, 0x7c00, 0x7e00}));
+  EXPECT_EQ(s, (std::vector<uint16_t>{0x7c00, 0xfc00, 0x7c00, 0x7fff}));  // NaN: the hardware's canonical one
   auto sb = WriteAndGetCodes(Path("sb.safetensors"), {INFINITY, -std::nanf(""), 3.4e38f},
                              SafetensorsDtype::kBF16);
   EXPECT_EQ(sb[0], 0x7f80u);
-  EXPECT_TRUE(std::isnan(RefBf16(sb[1])) && (sb[1] & 0x8000));
+  EXPECT_EQ(sb[1], 0x7fffu);  // NaN: canonical, as __float2bfloat16_rn
   EXPECT_EQ(sb[2], 0x7f80u);  // 3.4e38 is above bf16 max + half ulp: rounds to inf
 }
 
@@ -397,7 +399,7 @@ TEST_F(SafetensorsTest, MalformedHeadersAreRejected) {
       {"duplicate_name",
        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
        R"("a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-       16, StatusCode::kCorruption, "'a' more than once"},
+       16, StatusCode::kCorruption, "'a' appears more than once"},
       {"trailing_uncovered_bytes", "{" + ok_a + "}", 12, StatusCode::kCorruption,
        "[8, 12) are not covered"},
       {"gap_between_tensors",
@@ -452,14 +454,25 @@ TEST_F(SafetensorsTest, FailedWriteKeepsPreviousFile) {
   const float v[2] = {7, 8};
   const std::string p = Path("keep.safetensors");
   ASSERT_TRUE(WriteSafetensors(p, {TensorView{"old", {2}, v}}, {}).ok());
-  // Make the temporary's name a directory so creating it fails after validation.
-  fs::create_directory(p + ".tmp");
-  Status s = WriteSafetensors(p, {TensorView{"new", {2}, v}}, {});
-  EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
-  fs::remove(p + ".tmp");
-  auto r = ReadSafetensors(p);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->tensors[0].name, "old");
+  // Each way the replacement can fail on real storage: EIO on a write, a full disk mid-write (the
+  // torn prefix lands in the temporary only), a failed fsync, a failed rename.
+  const std::vector<std::pair<std::string, FaultOptions>> faults = {
+      {"write", FaultOptions{.fail_write_at = 1}},
+      {"enospc", FaultOptions{.enospc_after_bytes = 10}},
+      {"sync", FaultOptions{.fail_sync_at = 1}},
+      {"rename", FaultOptions{.fail_rename_at = 1}},
+  };
+  for (const auto& [what, options] : faults) {
+    FaultInjectionEnv env(Env::Default(), options);
+    Status s = WriteSafetensors(p, {TensorView{"new", {2}, v}}, {}, SafetensorsDtype::kF32, &env);
+    EXPECT_EQ(s.code(), StatusCode::kIOError) << what << ": " << s.ToString();
+    EXPECT_NE(s.message().find(p), std::string::npos) << what << ": " << s.ToString();
+    auto r = ReadSafetensors(p);
+    ASSERT_TRUE(r.ok()) << what << ": " << r.status().ToString();
+    EXPECT_EQ(r->tensors[0].name, "old") << what;
+    // No temporary is left behind.
+    EXPECT_EQ(Listing(), std::vector<std::string>{"keep.safetensors"}) << what;
+  }
 }
 
 }  // namespace

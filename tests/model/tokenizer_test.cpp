@@ -346,7 +346,7 @@ TEST_F(TinyBpe, MalformedEncoderJsonIsCorruption) {
   auto tok = LoadGpt2Tokenizer(enc, bpe);
   ASSERT_FALSE(tok.ok());
   EXPECT_EQ(tok.status().code(), StatusCode::kCorruption);
-  EXPECT_NE(tok.status().message().find(enc + ":2:"), std::string::npos)
+  EXPECT_NE(tok.status().message().find(enc + ": not valid JSON: line 2, column"), std::string::npos)
       << tok.status().ToString();
 
   for (const std::string& bad : {std::string("[1, 2]"), std::string("{\"a\": \"x\"}"),

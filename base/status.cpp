@@ -1,4 +1,4 @@
-#include "kernels/status.h"
+#include "base/status.h"
 
 #include <cstring>
 
@@ -14,8 +14,28 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kOutOfRange: return "out of range";
     case StatusCode::kUnimplemented: return "unimplemented";
     case StatusCode::kInternal: return "internal error";
+    case StatusCode::kUnavailable: return "peer or communication failure";
+    case StatusCode::kDeadlineExceeded: return "timeout";
+    case StatusCode::kCancelled: return "stopped";
   }
   return "unknown";
+}
+
+ExitCode ExitCodeFor(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return kExitOk;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kCorruption:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kUnimplemented: return kExitBadInput;
+    case StatusCode::kIOError: return kExitIOError;
+    case StatusCode::kUnavailable:
+    case StatusCode::kDeadlineExceeded: return kExitRetryable;
+    case StatusCode::kCancelled: return kExitStopped;
+    case StatusCode::kInternal: return kExitInternal;
+  }
+  return kExitInternal;
 }
 
 Status Status::FromErrno(const std::string& what, int err) {

@@ -29,10 +29,25 @@ enum class StatusCode {
   kCorruption,       // a file exists but its bytes are not what the format says
   kOutOfRange,       // an index or size outside what is allowed
   kUnimplemented,    // asked for a feature this build does not have
-  kInternal,         // a broken invariant or a failing library call (CUDA, MPI, ...)
+  kInternal,         // a broken invariant or a failing library call (CUDA, cuBLAS, ...)
+  kUnavailable,      // a peer rank or the communication library failed (retrying may help)
+  kDeadlineExceeded, // a collective or peer did not answer within its deadline (retrying may help)
+  kCancelled,        // stopped on request (SIGINT/SIGTERM) before the work was done
 };
 
 const char* StatusCodeName(StatusCode code);
+
+// The process exit codes main() returns (docs/exit-codes.md; `trainflow --help` lists them). A
+// supervisor acts on them: 2 stops the job, 3 and 4 are worth a restart, 5 means "resume me".
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitInternal = 1,      // a bug or an unexpected library failure
+  kExitBadInput = 2,      // bad configuration, flag or input file: do not retry
+  kExitRetryable = 3,     // a peer or communication failure, or a timeout: retry
+  kExitIOError = 4,       // the OS or storage refused (disk full, permissions): retry once fixed
+  kExitStopped = 5,       // stopped by SIGINT/SIGTERM after finishing a step and writing outputs
+};
+ExitCode ExitCodeFor(StatusCode code);
 
 class [[nodiscard]] Status {
  public:
@@ -69,6 +84,14 @@ class [[nodiscard]] Status {
   static Status Internal(fmt::format_string<Args...> f, Args&&... args) {
     return Status(StatusCode::kInternal, fmt::format(f, std::forward<Args>(args)...));
   }
+  template <typename... Args>
+  static Status Unavailable(fmt::format_string<Args...> f, Args&&... args) {
+    return Status(StatusCode::kUnavailable, fmt::format(f, std::forward<Args>(args)...));
+  }
+  template <typename... Args>
+  static Status DeadlineExceeded(fmt::format_string<Args...> f, Args&&... args) {
+    return Status(StatusCode::kDeadlineExceeded, fmt::format(f, std::forward<Args>(args)...));
+  }
   // errno-style failure: "<what>: <strerror(err)>".
 #endif
   static Status FromErrno(const std::string& what, int err);
@@ -102,6 +125,8 @@ class [[nodiscard]] StatusOr {
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
 
  private:
   Status status_;

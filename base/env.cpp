@@ -1,0 +1,284 @@
+// Env's POSIX implementation and the helpers built on the interface (atomic writes, whole-file reads).
+#include "base/env.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+namespace tf {
+namespace {
+
+Status Errno(const std::string& what, const std::string& path, int err) {
+  return Status(StatusCode::kIOError, fmt::format("{} '{}': {} (errno {})", what, path, std::strerror(err), err));
+}
+
+// Opens `path` for reading without blocking on a FIFO, then insists on a regular file.
+StatusOr<int> OpenRegularForRead(const std::string& path, uint64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return Status::NotFound("'{}' does not exist", path);
+    return Errno("cannot open", path, err);
+  }
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Errno("cannot stat", path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::InvalidArgument("'{}' is {}, not a regular file", path,
+                                   S_ISDIR(st.st_mode)    ? "a directory"
+                                   : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
+                                   : S_ISSOCK(st.st_mode) ? "a socket"
+                                                          : "a device");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+class PosixSequentialFile final : public SequentialFile {
+ public:
+  PosixSequentialFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixSequentialFile() override { ::close(fd_); }
+  StatusOr<size_t> Read(size_t n, char* dst) override {
+    while (true) {
+      const ssize_t r = ::read(fd_, dst, n);
+      if (r >= 0) return static_cast<size_t>(r);
+      if (errno != EINTR) return Errno("reading", path_, errno);
+    }
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixRandomAccessFile final : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  ~PosixRandomAccessFile() override { ::close(fd_); }
+  Status ReadExact(uint64_t offset, size_t n, char* dst) const override {
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t r = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return Errno("reading", path_, errno);
+      }
+      if (r == 0) {
+        return Status::Corruption("'{}' is truncated: wanted {} bytes at offset {}, the file ends at {}", path_, n,
+                                  offset, offset + done);
+      }
+      done += static_cast<size_t>(r);
+    }
+    return Status::OK();
+  }
+  uint64_t size() const override { return size_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_;
+  uint64_t size_;
+};
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixWritableFile() override { (void)Close(); }
+  Status Append(std::string_view data) override {
+    if (fd_ < 0) return Status::Internal("'{}': append after close", path_);
+    while (!data.empty()) {
+      const ssize_t w = ::write(fd_, data.data(), data.size());
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return Errno("writing", path_, errno);
+      }
+      data.remove_prefix(static_cast<size_t>(w));
+    }
+    return Status::OK();
+  }
+  Status Sync() override {
+    if (fd_ < 0) return Status::Internal("'{}': sync after close", path_);
+    if (::fsync(fd_) != 0) return Errno("fsync of", path_, errno);
+    return Status::OK();
+  }
+  Status Close() override {
+    if (fd_ < 0) return Status::OK();
+    const int r = ::close(fd_);
+    fd_ = -1;
+    if (r != 0 && errno != EINTR) return Errno("closing", path_, errno);
+    return Status::OK();
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixEnv final : public Env {
+ public:
+  StatusOr<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) override {
+    uint64_t size = 0;
+    TF_ASSIGN_OR_RETURN(const int fd, OpenRegularForRead(path, &size));
+    return std::unique_ptr<SequentialFile>(new PosixSequentialFile(path, fd));
+  }
+  StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override {
+    uint64_t size = 0;
+    TF_ASSIGN_OR_RETURN(const int fd, OpenRegularForRead(path, &size));
+    return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(path, fd, size));
+  }
+  StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    return Open(path, O_TRUNC);
+  }
+  StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override {
+    return Open(path, O_APPEND);
+  }
+  Status RenameFile(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) return Errno("cannot rename '" + from + "' to", to, errno);
+    return Status::OK();
+  }
+  Status RemoveFile(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return Errno("cannot remove", path, errno);
+    return Status::OK();
+  }
+  Status SyncDir(const std::string& dir) override {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return Errno("cannot open directory", dir, errno);
+    const int r = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    // Some file systems (and /dev/shm) refuse fsync on directories; their renames are as durable
+    // as they get.
+    if (r != 0 && err != EINVAL && err != ENOTSUP) return Errno("fsync of directory", dir, err);
+    return Status::OK();
+  }
+  Status CreateDirs(const std::string& dir) override {
+    if (dir.empty()) return Status::InvalidArgument("empty directory name");
+    std::string prefix;
+    size_t pos = 0;
+    while (pos != std::string::npos) {
+      pos = dir.find('/', pos + 1);
+      prefix = dir.substr(0, pos);
+      if (prefix.empty() || prefix == "/" ) continue;
+      struct stat st{};
+      if (::stat(prefix.c_str(), &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) return Status::InvalidArgument("'{}' exists and is not a directory", prefix);
+        continue;
+      }
+      if (::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) return Errno("cannot create directory", prefix, errno);
+    }
+    return Status::OK();
+  }
+  StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return Errno("cannot list directory", dir, errno);
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+  StatusOr<uint64_t> FreeSpace(const std::string& path) override {
+    struct statvfs s{};
+    if (::statvfs(path.c_str(), &s) != 0) return Errno("cannot query free space of", path, errno);
+    return static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
+  }
+  StatusOr<FileInfo> Stat(const std::string& path) override {
+    struct stat st{};
+    FileInfo info;
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return info;
+      return Errno("cannot stat", path, errno);
+    }
+    info.exists = true;
+    info.is_regular = S_ISREG(st.st_mode);
+    info.is_directory = S_ISDIR(st.st_mode);
+    info.size = static_cast<uint64_t>(st.st_size);
+    return info;
+  }
+
+ private:
+  StatusOr<std::unique_ptr<WritableFile>> Open(const std::string& path, int mode) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | mode, 0666);
+    if (fd < 0) return Errno(mode == O_APPEND ? "cannot open for appending" : "cannot create", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+};
+
+}  // namespace
+
+Env* Env::Default() {
+  static Env* env = new PosixEnv();
+  return env;
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+Status Env::WriteFileAtomically(const std::string& path, const std::function<Status(WritableFile*)>& write) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter.fetch_add(1));
+  Status s = [&]() -> Status {
+    TF_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, NewWritableFile(tmp));
+    TF_RETURN_IF_ERROR(write(f.get()));
+    TF_RETURN_IF_ERROR(f->Sync());
+    TF_RETURN_IF_ERROR(f->Close());
+    return RenameFile(tmp, path);
+  }();
+  if (!s.ok()) {
+    (void)RemoveFile(tmp);  // may not exist
+    return s.WithContext(fmt::format("writing '{}' (the previous file, if any, is unchanged)", path));
+  }
+  return SyncDir(DirName(path)).WithContext(fmt::format("writing '{}'", path));
+}
+
+Status Env::WriteFileAtomically(const std::string& path, std::string_view content) {
+  return WriteFileAtomically(path, [content](WritableFile* f) { return f->Append(content); });
+}
+
+StatusOr<std::string> Env::ReadFileToString(const std::string& path, uint64_t max_bytes) {
+  TF_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, NewRandomAccessFile(path));
+  if (f->size() > max_bytes) {
+    return Status::InvalidArgument("'{}' is {} bytes, more than the {} allowed here", path, f->size(), max_bytes);
+  }
+  std::string out(static_cast<size_t>(f->size()), '\0');
+  TF_RETURN_IF_ERROR(f->ReadExact(0, out.size(), out.data()));
+  return out;
+}
+
+Status Env::CheckWritableDir(const std::string& dir) {
+  TF_ASSIGN_OR_RETURN(const FileInfo info, Stat(dir));
+  if (info.exists && !info.is_directory) return Status::InvalidArgument("'{}' exists and is not a directory", dir);
+  TF_RETURN_IF_ERROR(CreateDirs(dir));
+  const std::string probe = fmt::format("{}/.trainflow-write-probe.{}", dir, ::getpid());
+  Status s = [&]() -> Status {
+    TF_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, NewWritableFile(probe));
+    TF_RETURN_IF_ERROR(f->Append("probe"));
+    return f->Close();
+  }();
+  (void)RemoveFile(probe);
+  return s.WithContext(fmt::format("output directory '{}' is not writable", dir));
+}
+
+}  // namespace tf

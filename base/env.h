@@ -1,0 +1,87 @@
+// Env: the file-system interface every file TrainFlow reads or writes goes through (in the spirit of
+// LevelDB's Env), so that tests can inject faults (base/fault_env.h). Env::Default() is POSIX.
+//
+// Errors name the path and carry errno's text ("writing 'out/model.safetensors': No space left on
+// device"). Opening for reading refuses anything but a regular file (a directory, a FIFO, a device)
+// without blocking. WriteFileAtomically is the only way outputs are written: temp file in the same
+// directory, fsync, rename over the target, fsync of the directory — a failed or killed write leaves
+// the previous file intact (and no temp file after a failure that returns).
+//
+// Thread safety: Env methods are thread-safe; a file object is used by one thread at a time.
+// Ownership: file objects close themselves on destruction (unsynced data is then not guaranteed).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace tf {
+
+class SequentialFile {
+ public:
+  virtual ~SequentialFile() = default;
+  // Reads up to n bytes into dst; returns how many (0 at end of file).
+  virtual StatusOr<size_t> Read(size_t n, char* dst) = 0;
+  virtual const std::string& path() const = 0;
+};
+
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Exactly n bytes at offset, or Corruption ("truncated") / IOError.
+  virtual Status ReadExact(uint64_t offset, size_t n, char* dst) const = 0;
+  virtual uint64_t size() const = 0;  // at open time
+  virtual const std::string& path() const = 0;
+};
+
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  virtual Status Append(std::string_view data) = 0;
+  virtual Status Sync() = 0;   // data and metadata durable (fsync)
+  virtual Status Close() = 0;  // idempotent
+  virtual const std::string& path() const = 0;
+};
+
+struct FileInfo {
+  bool exists = false, is_regular = false, is_directory = false;
+  uint64_t size = 0;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+  static Env* Default();  // POSIX; lives for the process
+
+  virtual StatusOr<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) = 0;
+  virtual StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) = 0;
+  // Creates or truncates.
+  virtual StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  // Creates or appends at the end.
+  virtual StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) = 0;
+  virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
+  virtual Status RemoveFile(const std::string& path) = 0;
+  virtual Status SyncDir(const std::string& dir) = 0;
+  // mkdir -p; InvalidArgument when a component exists and is not a directory.
+  virtual Status CreateDirs(const std::string& dir) = 0;
+  virtual StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;  // names, sorted
+  virtual StatusOr<uint64_t> FreeSpace(const std::string& path) = 0;  // bytes available to this user
+  virtual StatusOr<FileInfo> Stat(const std::string& path) = 0;
+
+  // Writes the whole file atomically as described above; `write` appends the content.
+  Status WriteFileAtomically(const std::string& path, const std::function<Status(WritableFile*)>& write);
+  Status WriteFileAtomically(const std::string& path, std::string_view content);
+  // The whole file; InvalidArgument when it is larger than max_bytes.
+  StatusOr<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes = uint64_t{1} << 30);
+  // Fails early (before hours of work) when `dir` cannot hold outputs: creates it and a probe file.
+  Status CheckWritableDir(const std::string& dir);
+};
+
+// The directory part of a path ("." for a bare file name).
+std::string DirName(const std::string& path);
+
+}  // namespace tf

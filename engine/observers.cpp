@@ -1,0 +1,196 @@
+#include "engine/observers.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "model/config.h"
+
+namespace tf {
+namespace {
+
+std::string FormatDuration(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+  return fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+// Printable form of sampled text: keeps newlines, replaces other control bytes.
+std::string Printable(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if (ch == '\n' || ch == '\t' || ch >= 0x20) out += static_cast<char>(ch);
+    else out += '?';
+  }
+  return out;
+}
+
+bool PrintsHere(const Trainer& t) { return t.options().print_progress && t.topology().rank == 0; }
+
+class EvalObserver final : public StepObserver {
+ public:
+  Status OnStart(Trainer& t) override {
+    if (t.config().eval_interval > 0 && t.step() == 0) return Evaluate(t, nullptr);
+    return Status::OK();
+  }
+  Status OnStep(Trainer& t, StepStats& s) override {
+    if (s.stopping) return Status::OK();
+    const int every = t.config().eval_interval;
+    if (s.last || (every > 0 && s.step % every == 0)) return Evaluate(t, &s);
+    return Status::OK();
+  }
+
+ private:
+  Status Evaluate(Trainer& t, StepStats* s) {
+    const DataLoader* val = t.val_data();
+    if (val == nullptr || t.config().eval_batches == 0) return Status::OK();
+    TF_ASSIGN_OR_RETURN(const float v, t.Evaluate(*val, t.config().eval_batches));
+    t.result().val_losses.emplace_back(t.step(), v);
+    if (s != nullptr) s->val_loss = v;
+    if (PrintsHere(t)) {
+      fmt::print("eval  step {:>5} | val loss {:.4f} (ppl {:.2f})\n", t.step(), v, std::exp(v));
+      std::fflush(stdout);
+    }
+    return Status::OK();
+  }
+};
+
+class SampleObserver final : public StepObserver {
+ public:
+  Status OnStep(Trainer& t, StepStats& s) override {
+    if (s.stopping || t.config().sample_tokens == 0) return Status::OK();
+    const int every = t.config().sample_interval;
+    if (!s.last && !(every > 0 && s.step % every == 0)) return Status::OK();
+    if (t.has_tokenizer()) {
+      auto text = t.SampleText();
+      const std::string shown = text.ok() ? *text : "(sampling failed: " + text.status().ToString() + ")";
+      if (text.ok()) t.result().samples.emplace_back(t.step(), *text);
+      if (PrintsHere(t)) {
+        fmt::print("sample step {:>5} ----------------------------------------\n{}\n"
+                   "--------------------------------------------------------\n",
+                   t.step(), Printable(shown));
+        std::fflush(stdout);
+      }
+    }
+    // Rank 0 alone samples; the others wait for it (not at the end: nothing follows but outputs).
+    return s.last ? Status::OK() : t.WaitForRankZero();
+  }
+};
+
+class ProgressObserver final : public StepObserver {
+ public:
+  Status OnStart(Trainer& t) override {
+    const GPT2Config& m = t.model_config();
+    const TrainConfig& c = t.config();
+    fmt::print("model: {} layers, {} heads, {} embd, vocab {} (padded {}), {:.2f}M parameters\n", m.n_layer, m.n_head,
+               m.n_embd, m.vocab_size, m.padded_vocab_size, NumParameters(m) / 1e6);
+    fmt::print("device: {}\n", t.backend().Describe());
+    if (t.data_parallel()) {
+      fmt::print("data parallel: {}\n", t.topology().Describe());
+      for (const std::string& line : t.rank_devices()) fmt::print("  {}\n", line);
+      const auto& buckets = t.gradient_sync().buckets();
+      if (t.backend().gradient_buffer().on_device) {
+        fmt::print("gradient reduction: on the GPU, compression {} ({})\n", t.compression(), t.compression_reason());
+      } else if (!buckets.empty()) {
+        fmt::print("gradient reduction: {} bucket{} (first {:.2f} MiB, then up to {:.2f} MiB), compression {} ({})\n",
+                   buckets.size(), buckets.size() == 1 ? "" : "s", buckets.front().size() * 4 / double(1 << 20),
+                   c.bucket_mb, t.compression(), t.compression_reason());
+      }
+    }
+    const int world = t.topology().world;
+    fmt::print("train: {} steps x {} tokens (B={}, T={}, accum={}, ranks={}); data {} tokens, val {} tokens\n",
+               c.max_steps, c.tokens_per_step() * world, c.batch_size, c.seq_len, c.grad_accum_steps, world,
+               t.train_data().num_tokens(), t.val_data() ? t.val_data()->num_tokens() : 0);
+    if (t.step() > 0) fmt::print("resumed at step {} from {}\n", t.step(), c.resume_state);
+    std::fflush(stdout);
+    first_ = t.step();
+    return Status::OK();
+  }
+  Status OnStep(Trainer& t, StepStats& s) override {
+    const int64_t max_steps = t.config().max_steps;
+    // The first step of a process includes warm-up: the ETA starts from the second.
+    ema_ms_ = s.step <= first_ + 2 ? s.ms : 0.9 * ema_ms_ + 0.1 * s.ms;
+    if ((s.step - 1) % t.config().log_interval == 0 || s.last || s.stopping) {
+      std::string comm;
+      if (t.data_parallel()) {
+        comm = fmt::format(" | comm {:.0f} ms exposed, {:.1f} MB sent", s.comm_exposed_ms, s.wire_bytes / 1e6);
+        if (s.comm_ms > 0) comm += fmt::format(" at {:.2f} GB/s", s.wire_bytes / (s.comm_ms * 1e6));
+      }
+      fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.4f} | {:>8.0f} tok/s | {:>7.1f} ms{} | ETA {}\n",
+                 s.step, max_steps, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.ms, comm,
+                 FormatDuration(ema_ms_ * static_cast<double>(max_steps - s.step) / 1000.0));
+      std::fflush(stdout);
+    }
+    if (s.stopping) {
+      fmt::print("stopping after step {} of {} on request; writing the outputs and the training state\n", s.step,
+                 max_steps);
+      std::fflush(stdout);
+    }
+    return Status::OK();
+  }
+
+ private:
+  int64_t first_ = 0;
+  double ema_ms_ = 0.0;
+};
+
+class MetricsJsonlObserver final : public StepObserver {
+ public:
+  explicit MetricsJsonlObserver(std::string path) : path_(std::move(path)) {}
+  Status OnStart(Trainer& t) override {
+    // A run from step 0 starts the file afresh; a resumed run continues it.
+    auto f = t.step() == 0 ? t.env()->NewWritableFile(path_) : t.env()->NewAppendableFile(path_);
+    if (!f.ok()) return f.status().WithContext("metrics.jsonl");
+    file_ = std::move(f).value();
+    return Status::OK();
+  }
+  Status OnStep(Trainer& t, StepStats& s) override {
+    if (!file_) return Status::OK();
+    nlohmann::json line{{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
+                        {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s}};
+    if (t.data_parallel()) {
+      line["comm_exposed_ms"] = s.comm_exposed_ms;
+      line["comm_ms"] = s.comm_ms;
+      line["codec_ms"] = s.codec_ms;
+      line["wire_bytes"] = s.wire_bytes;
+      if (s.comm_ms > 0) line["comm_GBps"] = s.wire_bytes / (s.comm_ms * 1e6);  // achieved, inside collectives
+    }
+    std::string text = line.dump() + "\n";
+    if (s.val_loss) text += nlohmann::json{{"step", s.step}, {"val_loss", *s.val_loss}}.dump() + "\n";
+    return Append(text);
+  }
+  Status OnEnd(Trainer& t, const TrainResult&) override {
+    if (!file_) return Status::OK();
+    Status s = file_->Sync();
+    if (s.ok()) s = file_->Close();
+    file_.reset();
+    return s;
+  }
+
+ private:
+  // One write per step: the line is on disk (in the page cache) when the step's observers finish.
+  // A failing write stops the metrics, not the training: it is reported once, with the errno.
+  Status Append(const std::string& text) {
+    if (Status s = file_->Append(text); !s.ok()) {
+      spdlog::error("{}; metrics.jsonl is incomplete from here on, training continues", s.message());
+      file_.reset();
+    }
+    return Status::OK();
+  }
+
+  std::string path_;
+  std::unique_ptr<WritableFile> file_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepObserver> MakeEvalObserver() { return std::make_unique<EvalObserver>(); }
+std::unique_ptr<StepObserver> MakeSampleObserver() { return std::make_unique<SampleObserver>(); }
+std::unique_ptr<StepObserver> MakeProgressObserver() { return std::make_unique<ProgressObserver>(); }
+std::unique_ptr<StepObserver> MakeMetricsJsonlObserver(std::string path) {
+  return std::make_unique<MetricsJsonlObserver>(std::move(path));
+}
+
+}  // namespace tf
