@@ -85,6 +85,13 @@ class SingleProcessCommunicator final : public Communicator {
 // MpiCommunicator over a duplicate of MPI_COMM_WORLD (so its traffic never mixes with other MPI
 // users). Reads TRAINFLOW_COMM_TIMEOUT.
 StatusOr<std::unique_ptr<Communicator>> MakeHostCommunicator(const Topology& topology);
+// What this process is using its communicators for ("step 12: gradient reduction"), quoted by the
+// warnings and timeout errors of waits so a stuck collective says what it was for. Thread-safe.
+void SetActivity(std::string what);
+std::string CurrentActivity();  // "" when none was set
+// " (while <activity>)" or "" — for messages.
+std::string ActivitySuffix();
+
 // TRAINFLOW_COMM_TIMEOUT in seconds (default 300); InvalidArgument naming the variable when it is
 // not a positive number. Used by every communicator.
 StatusOr<double> CommTimeoutFromEnvironment();

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -67,6 +68,29 @@ StatusOr<std::unique_ptr<Communicator>> MakeHostCommunicator(const Topology& top
   TF_ASSIGN_OR_RETURN(const double timeout, CommTimeoutFromEnvironment());
   c->set_timeout_seconds(timeout);
   return c;
+}
+
+namespace {
+std::mutex activity_mu;
+std::string& ActivityLabel() {
+  static std::string label;
+  return label;
+}
+}  // namespace
+
+void SetActivity(std::string what) {
+  std::lock_guard<std::mutex> lock(activity_mu);
+  ActivityLabel() = std::move(what);
+}
+
+std::string CurrentActivity() {
+  std::lock_guard<std::mutex> lock(activity_mu);
+  return ActivityLabel();
+}
+
+std::string ActivitySuffix() {
+  const std::string a = CurrentActivity();
+  return a.empty() ? "" : " (while " + a + ")";
 }
 
 StatusOr<double> CommTimeoutFromEnvironment() {
@@ -157,15 +181,16 @@ Status MpiCommunicator::Wait(MPI_Request* req, const char* what, size_t bytes) {
     if (now > deadline) {
       failed_ = true;
       return Status::DeadlineExceeded(
-          "{} of {} on rank {} of {} did not complete within {:.0f} s (TRAINFLOW_COMM_TIMEOUT): a peer rank "
+          "{} of {} on rank {} of {}{} did not complete within {:.0f} s (TRAINFLOW_COMM_TIMEOUT): a peer rank "
           "has probably died, hung or been stopped, or is running a different configuration",
-          what, Bytes(bytes), rank_, world_, timeout_s_);
+          what, Bytes(bytes), rank_, world_, ActivitySuffix(), timeout_s_);
     }
     if (!warned && now - start > kWarnAfter) {
       warned = true;
-      spdlog::warn("rank {} of {} has been waiting {:.0f} s for the other ranks to join a {} of {} (a peer may be "
-                   "slow, stopped or hung); giving up after {:.0f} s (TRAINFLOW_COMM_TIMEOUT)",
-                   rank_, world_, std::chrono::duration<double>(now - start).count(), what, Bytes(bytes), timeout_s_);
+      spdlog::warn("rank {} of {} has been waiting {:.0f} s for the other ranks to join the {} of {}{} (a peer may "
+                   "be slow, stopped or hung); giving up after {:.0f} s (TRAINFLOW_COMM_TIMEOUT)",
+                   rank_, world_, std::chrono::duration<double>(now - start).count(), what, Bytes(bytes),
+                   ActivitySuffix(), timeout_s_);
     }
     std::this_thread::sleep_for(sleep);
     sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::microseconds(2000));

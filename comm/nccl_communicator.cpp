@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "base/dynlib.h"
 #include "comm/mpi_util.h"
@@ -250,8 +252,10 @@ Status NcclCommunicator::Synchronize() {
   if (failed_) return Status::Unavailable("the NCCL communicator failed earlier and cannot be used");
   const Nccl& n = LoadNccl();
   using Clock = std::chrono::steady_clock;
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+  bool warned = false;
+  auto sleep = std::chrono::microseconds(20);
   while (true) {
     const cudaError_t q = cudaStreamQuery(stream_);
     if (q == cudaSuccess) return Status::OK();
@@ -264,11 +268,21 @@ Status NcclCommunicator::Synchronize() {
     }
     if (Clock::now() > deadline) {
       failed_ = true;
-      return Status::DeadlineExceeded("NCCL collectives on rank {} of {} did not complete within {:.0f} s "
-                              "(TRAINFLOW_COMM_TIMEOUT): a peer rank has probably died or hung",
-                              rank_, world_, timeout_s_);
+      return Status::DeadlineExceeded("NCCL collectives on rank {} of {}{} did not complete within {:.0f} s "
+                                      "(TRAINFLOW_COMM_TIMEOUT): a peer rank has probably died, hung or been stopped",
+                                      rank_, world_, ActivitySuffix(), timeout_s_);
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (!warned && Clock::now() - start > std::chrono::seconds(10)) {
+      warned = true;
+      spdlog::warn("rank {} of {} has been waiting 10 s for its NCCL collectives{} (a peer may be slow, stopped or "
+                   "hung); giving up after {:.0f} s (TRAINFLOW_COMM_TIMEOUT)",
+                   rank_, world_, ActivitySuffix(), timeout_s_);
+    }
+    // Poll quickly while the collectives are young, then back off (at most 2 ms between polls).
+    std::this_thread::sleep_for(sleep);
+    if (Clock::now() - start > std::chrono::milliseconds(200)) {
+      sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::microseconds(2000));
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 #include "engine/cli.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -46,6 +47,21 @@ constexpr const char* kExitCodesHelp =
     "SIGINT/SIGTERM or stop_at_step after finishing a step and writing the outputs (resumable).\n"
     "docs/exit-codes.md has the details.";
 
+// A seed: a whole number >= 0 that fits int64 (CLI11's NonNegativeNumber would quote a 300-digit
+// range, and an unsigned option would wrap -1).
+CLI::Validator SeedValidator() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        int64_t x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        if (ec != std::errc() || end != v.data() + v.size() || x < 0) {
+          return "must be a whole number from 0 to 9223372036854775807, got '" + v + "'";
+        }
+        return "";
+      },
+      "INT>=0");
+}
+
 // "--key value" / "--key=value" pairs left over after CLI11 parsed the known flags.
 StatusOr<std::vector<std::pair<std::string, std::string>>> ParseOverrides(const std::vector<std::string>& extras) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -67,6 +83,11 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> ParseOverrides(const 
       value = extras[++i];
     }
     for (char& ch : key) ch = ch == '-' ? '_' : ch;  // --max-steps == --max_steps
+    if (value.empty()) {
+      return Status::InvalidArgument("override --{} has an empty value: give one, or leave the flag out to keep "
+                                     "the config's",
+                                     key);
+    }
     out.emplace_back(key, value);
   }
   return out;
@@ -177,7 +198,7 @@ int RunCli(int argc, char** argv) {
   prepare->add_option("--delimiter", popt.delimiter, "A line equal to this separates documents (fortune: %)");
   prepare->add_option("--val-fraction", popt.val_fraction, "Fraction of documents for validation")
       ->capture_default_str();
-  prepare->add_option("--seed", popt.seed, "Seed of the train/val split")->capture_default_str();
+  prepare->add_option("--seed", popt.seed, "Seed of the train/val split")->check(SeedValidator())->capture_default_str();
 
   // eval
   auto* eval = app.add_subcommand("eval", "Mean loss of weights on a token file");
@@ -187,8 +208,8 @@ int RunCli(int argc, char** argv) {
   eval->add_option("--weights", weights, "safetensors weights (Hugging Face GPT-2 names)")->required();
   eval->add_option("--model", model_path, "Model config (default: from the weights' metadata or config.json)");
   eval->add_option("--data", data, "Token file")->required();
-  eval->add_option("--batch-size", batch, "Sequences per batch")->capture_default_str();
-  eval->add_option("--seq-len", seq, "Sequence length (default: block_size)");
+  eval->add_option("--batch-size", batch, "Sequences per batch")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  eval->add_option("--seq-len", seq, "Sequence length (default: block_size)")->check(CLI::Range(1, 1 << 20));
   eval->add_option("--batches", batches, "Number of batches (from the start of the file)")
       ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
@@ -208,8 +229,10 @@ int RunCli(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   sample->add_option("--temperature", sopt.temperature, "Softmax temperature (> 0)")->capture_default_str();
-  sample->add_option("--top-k", sopt.top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
-  sample->add_option("--seed", sample_seed, "Sampling seed (>= 0)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sample->add_option("--top-k", sopt.top_k, "Keep the k most likely tokens (0 = all)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  sample->add_option("--seed", sample_seed, "Sampling seed (>= 0)")->check(SeedValidator())->capture_default_str();
   sample->add_option("--tokenizer", tok_kind, "byte or gpt2")->capture_default_str();
   sample->add_option("--tokenizer-dir", tok_dir, "Directory with encoder.json and vocab.bpe")->capture_default_str();
 
@@ -221,7 +244,7 @@ int RunCli(int argc, char** argv) {
   exp->add_option("--weights", weights, "Weights to export (any safetensors with GPT-2 names)");
   exp->add_option("--model", model_path, "Model config (required with --init)");
   exp->add_flag("--init", fresh, "Export a freshly initialised model instead of --weights");
-  exp->add_option("--seed", init_seed, "Seed for --init")->capture_default_str();
+  exp->add_option("--seed", init_seed, "Seed for --init")->check(SeedValidator())->capture_default_str();
   exp->add_option("--out", out_dir, "Output directory")->required();
   exp->add_option("--dtype", dtype, "f32, f16 or bf16")->capture_default_str();
 

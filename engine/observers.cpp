@@ -36,7 +36,7 @@ class EvalObserver final : public StepObserver {
     return Status::OK();
   }
   Status OnStep(Trainer& t, StepStats& s) override {
-    if (s.stopping) return Status::OK();
+    if (s.interrupted) return Status::OK();
     const int every = t.config().eval_interval;
     if (s.last || (every > 0 && s.step % every == 0)) return Evaluate(t, &s);
     return Status::OK();
@@ -60,7 +60,7 @@ class EvalObserver final : public StepObserver {
 class SampleObserver final : public StepObserver {
  public:
   Status OnStep(Trainer& t, StepStats& s) override {
-    if (s.stopping || t.config().sample_tokens == 0) return Status::OK();
+    if (s.interrupted || t.config().sample_tokens == 0) return Status::OK();
     const int every = t.config().sample_interval;
     if (!s.last && !(every > 0 && s.step % every == 0)) return Status::OK();
     if (t.has_tokenizer()) {
@@ -124,8 +124,8 @@ class ProgressObserver final : public StepObserver {
       std::fflush(stdout);
     }
     if (s.stopping) {
-      fmt::print("stopping after step {} of {} on request; writing the outputs and the training state\n", s.step,
-                 max_steps);
+      fmt::print("stopping after step {} of {} ({}); writing the outputs and the training state\n", s.step, max_steps,
+                 s.interrupted ? "a stop was requested: SIGINT, SIGTERM or a peer" : "stop_at_step");
       std::fflush(stdout);
     }
     return Status::OK();
@@ -157,9 +157,8 @@ class MetricsJsonlObserver final : public StepObserver {
       line["wire_bytes"] = s.wire_bytes;
       if (s.comm_ms > 0) line["comm_GBps"] = s.wire_bytes / (s.comm_ms * 1e6);  // achieved, inside collectives
     }
-    std::string text = line.dump() + "\n";
-    if (s.val_loss) text += nlohmann::json{{"step", s.step}, {"val_loss", *s.val_loss}}.dump() + "\n";
-    return Append(text);
+    if (s.val_loss) line["val_loss"] = *s.val_loss;
+    return Append(line.dump() + "\n");
   }
   Status OnEnd(Trainer& t, const TrainResult&) override {
     if (!file_) return Status::OK();

@@ -44,7 +44,7 @@ StatusOr<std::vector<fs::path>> ListInputs(const std::vector<std::string>& input
 
 }  // namespace
 
-StatusOr<PrepareResult> PrepareData(const PrepareOptions& o, const Tokenizer& tokenizer) {
+StatusOr<PrepareResult> PrepareData(const PrepareOptions& o, const Tokenizer& tokenizer, Env* env) {
   if (o.inputs.empty()) return Status::InvalidArgument("prepare: no --input given");
   if (o.out_dir.empty()) return Status::InvalidArgument("prepare: no --out-dir given");
   if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0)) {
@@ -109,13 +109,28 @@ StatusOr<PrepareResult> PrepareData(const PrepareOptions& o, const Tokenizer& to
   r.train_tokens = static_cast<int64_t>(train.size());
   r.val_tokens = static_cast<int64_t>(val.size());
 
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  if (ec) return Status::IOError("cannot create '{}': {}", o.out_dir, ec.message());
+  TF_RETURN_IF_ERROR(env->CreateDirs(o.out_dir));
   r.train_path = (fs::path(o.out_dir) / "train.bin").string();
   r.val_path = (fs::path(o.out_dir) / "val.bin").string();
-  TF_RETURN_IF_ERROR(WriteTokenFile(r.train_path, train, /*with_header=*/true));
-  if (!val.empty()) TF_RETURN_IF_ERROR(WriteTokenFile(r.val_path, val, /*with_header=*/true));
+  // The pair is replaced together: both are written in full beside the old ones first (a failure
+  // there leaves the previous pair as it was), then renamed into place; a previous val.bin is
+  // removed when this split has none, so train.bin is never paired with another run's val.bin.
+  const std::string staged_train = r.train_path + ".prepare", staged_val = r.val_path + ".prepare";
+  auto discard = [&](Status s) {
+    (void)env->RemoveFile(staged_train);
+    (void)env->RemoveFile(staged_val);
+    return s;
+  };
+  if (Status s = WriteTokenFile(staged_train, train, /*with_header=*/true, env); !s.ok()) return discard(s);
+  if (!val.empty()) {
+    if (Status s = WriteTokenFile(staged_val, val, /*with_header=*/true, env); !s.ok()) return discard(s);
+    if (Status s = env->RenameFile(staged_val, r.val_path); !s.ok()) return discard(s);
+  } else if (env->Stat(r.val_path).ok()) {
+    if (Status s = env->RemoveFile(r.val_path); !s.ok()) return discard(s);
+  }
+  if (Status s = env->RenameFile(staged_train, r.train_path); !s.ok()) return discard(s);
+  TF_RETURN_IF_ERROR(env->SyncDir(o.out_dir));
+  if (val.empty()) r.val_path.clear();
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/env.h"
 #include "base/status.h"
 #include "model/tokenizer.h"
 
@@ -32,6 +33,9 @@ struct PrepareResult {
   std::string train_path, val_path;
 };
 
-StatusOr<PrepareResult> PrepareData(const PrepareOptions& options, const Tokenizer& tokenizer);
+// Writes out_dir/train.bin and val.bin (none when the split has no validation documents) as a
+// pair: a failed write leaves the previous pair intact, and a stale val.bin is removed.
+StatusOr<PrepareResult> PrepareData(const PrepareOptions& options, const Tokenizer& tokenizer,
+                                    Env* env = Env::Default());
 
 }  // namespace tf

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/codec.h"
+#include "model/json_util.h"
 
 namespace tf {
 namespace {
@@ -21,7 +22,7 @@ struct Field {
 };
 
 Status TypeError(const std::string& key, const char* type, const json& v) {
-  return Status::InvalidArgument("training config key '{}' must be {}, got {}", key, type, v.dump());
+  return Status::InvalidArgument("training config key '{}' must be {}, got {}", key, type, JsonForMessage(v));
 }
 
 // An integer in [min_value, max_value] (a JSON integer; a value outside int64 is out of range).
@@ -31,7 +32,7 @@ Field IntIn(T TrainConfig::*member, int64_t min_value, int64_t max_value) {
             if (!v.is_number_integer()) return TypeError(key, "an integer", v);
             if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max_value)) {
               return Status::InvalidArgument("training config key '{}' must be at most {}, got {}", key, max_value,
-                                             v.dump());
+                                             JsonForMessage(v));
             }
             const int64_t x = v.get<int64_t>();
             if (x < min_value || x > max_value) {

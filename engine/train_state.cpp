@@ -33,7 +33,7 @@ StatusOr<int64_t> GetInt(const std::map<std::string, std::string>& m, const std:
 std::vector<std::string> TrajectoryKeys() {
   return {"batch_size", "seq_len",  "grad_accum_steps", "lr",          "min_lr",    "beta1",
           "beta2",      "eps",      "weight_decay",     "warmup_steps", "lr_decay", "grad_clip",
-          "seed",       "shuffle",  "dtype",            "compression",  "bucket_mb", "first_bucket_mb",
+          "seed",       "shuffle",  "max_steps", "dtype",            "compression",  "bucket_mb", "first_bucket_mb",
           "error_feedback", "attention", "recompute", "gelu_fusion", "fuse_residual", "deterministic"};
 }
 

@@ -38,7 +38,8 @@ struct TrainState {
 };
 
 // The training keys that change the trajectory of the numbers (all but logging, evaluation,
-// sampling, output and the step budget): a resume must match them.
+// sampling, output and stop_at_step; max_steps is one, as the learning-rate decay depends on it):
+// a resume must match them.
 std::vector<std::string> TrajectoryKeys();
 // Hex xxh64 of `text`.
 std::string Fingerprint(const std::string& text);

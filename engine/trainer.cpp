@@ -108,11 +108,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
   t->inputs_.resize(bt);
   t->targets_.resize(bt);
 
+  // In this order: the progress line (and the banner) first, then what the step's evaluation and
+  // sample print, then the metrics record that includes the validation loss.
+  if (options.print_progress && topo.rank == 0) t->AddObserver(MakeProgressObserver());
   if (options.evaluate) {
     t->AddObserver(MakeEvalObserver());
     t->AddObserver(MakeSampleObserver());
   }
-  if (options.print_progress && topo.rank == 0) t->AddObserver(MakeProgressObserver());
   if (options.write_outputs && topo.rank == 0) {
     t->AddObserver(MakeMetricsJsonlObserver(train.out_dir + "/metrics.jsonl"));
   }
@@ -128,13 +130,16 @@ Status Trainer::SetUpDataParallel() {
   // The host communicator also carries the loss/eval averages and the initial broadcast on GPUs.
   TF_ASSIGN_OR_RETURN(comm_, comm::MakeHostCommunicator(topology_));
   {  // Every rank's host and device, for the start-up report.
-    constexpr size_t kLine = 160;
+    constexpr size_t kLine = 256;  // fixed-size records; a longer line is cut, still terminated
     std::string mine = fmt::format("rank {} on {} (local rank {}): {}", topology_.rank, topology_.hostname,
                                    topology_.local_rank, backend_->Describe());
+    mine.resize(kLine - 1);
     mine.resize(kLine, '\0');
     std::string all(kLine * static_cast<size_t>(topology_.world), '\0');
     TF_RETURN_IF_ERROR(comm_->AllGather(mine.data(), all.data(), kLine));
-    for (int r = 0; r < topology_.world; ++r) rank_devices_.emplace_back(all.c_str() + kLine * static_cast<size_t>(r));
+    for (int r = 0; r < topology_.world; ++r) {
+      rank_devices_.emplace_back(all.c_str() + kLine * static_cast<size_t>(r));
+    }
   }
   comm::ReducerOptions ro;
   ro.bucket_bytes = static_cast<int64_t>(config_.bucket_mb * (1 << 20));
@@ -158,6 +163,7 @@ Status Trainer::WaitForRankZero() {
   // Rank 0 alone samples (minutes for a large model on a CPU): the others wait here without the
   // collective deadline rather than time out in the next step's reduction.
   const double deadline = comm_->timeout_seconds();
+  comm::SetActivity(fmt::format("waiting for rank 0 to finish sampling after step {}", step_));
   comm_->set_timeout_seconds(1e7);
   Status s = comm_->Barrier();
   comm_->set_timeout_seconds(deadline);
@@ -182,6 +188,7 @@ StatusOr<double> Trainer::MeanLoss(TrainBackend& backend, const DataLoader& load
 
 StatusOr<float> Trainer::Evaluate(const DataLoader& loader, int n_batches) {
   TF_ASSIGN_OR_RETURN(double mean, MeanLoss(*backend_, loader, n_batches));
+  if (data_parallel_) comm::SetActivity(fmt::format("evaluating after step {}", step_));
   TF_RETURN_IF_ERROR(SumOverRanks(&mean, 1));
   return static_cast<float>(mean / topology_.world);
 }
@@ -200,6 +207,7 @@ StatusOr<StepStats> Trainer::Step() {
                                                            config_.seq_len, 1.0f / static_cast<float>(accum)));
   }
   reduce_now_ = false;
+  if (data_parallel_) comm::SetActivity(fmt::format("step {}: reducing the gradients", step + 1));
   TF_RETURN_IF_ERROR(sync_->Finish());
   StepStats s;
   s.step = step + 1;
@@ -209,6 +217,7 @@ StatusOr<StepStats> Trainer::Step() {
   // The same reduction tells every rank whether any rank was asked to stop.
   TF_ASSIGN_OR_RETURN(const double loss_sum, backend_->TakeLossSum());
   double reduced[2] = {loss_sum / accum, StopRequested() ? 1.0 : 0.0};
+  if (data_parallel_) comm::SetActivity(fmt::format("step {}: averaging the loss", step + 1));
   TF_RETURN_IF_ERROR(SumOverRanks(reduced, 2));
   s.loss = static_cast<float>(reduced[0] / topology_.world);
   stop_agreed_ = reduced[1] > 0;
@@ -336,9 +345,10 @@ StatusOr<TrainResult> Trainer::Run() {
       return Status::Internal("loss became {} at step {} (lr {:.3g}); lower lr or check the data", s.loss, s.step,
                               s.lr);
     }
-    const bool stop_here = stop_agreed_ || (config_.stop_at_step > 0 && s.step >= config_.stop_at_step);
+    const bool planned = config_.stop_at_step > 0 && s.step >= config_.stop_at_step;
     s.last = s.step == max_steps;
-    s.stopping = stop_here && !s.last;  // observers record the step but skip evaluation and sampling
+    s.stopping = (stop_agreed_ || planned) && !s.last;
+    s.interrupted = stop_agreed_ && !s.last;  // stop soon: no evaluation or sampling
     for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnStep(*this, s));
     result_.steps.push_back(s);
     if (s.stopping) {

@@ -46,7 +46,8 @@ struct StepStats {
   double codec_ms = 0.0;
   int64_t wire_bytes = 0;
   bool last = false;      // step == max_steps
-  bool stopping = false;  // the run stops after this step on request (before max_steps)
+  bool stopping = false;     // the run stops after this step (before max_steps): stop_at_step or a signal
+  bool interrupted = false;  // ... because SIGINT/SIGTERM asked: observers skip evaluation and sampling
   std::optional<float> val_loss;  // set by the evaluation observer when it evaluated after this step
 };
 

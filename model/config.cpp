@@ -56,7 +56,7 @@ StatusOr<GPT2Config> ParseModelConfig(const nlohmann::json& j, const std::string
     }
     if (!it->is_number_integer()) {
       return Status::InvalidArgument("{}: model config key '{}' must be an integer, got {}", source, key,
-                                     it->dump());
+                                     JsonForMessage(*it));
     }
     const int64_t v = it->get<int64_t>();
     if (v <= 0 || v > (int64_t{1} << 30)) {

@@ -48,6 +48,10 @@ void LineColumn(std::string_view text, size_t byte, size_t* line, size_t* column
 
 }  // namespace
 
+std::string JsonForMessage(const nlohmann::json& value, size_t max_chars) {
+  return QuoteForMessage(value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), max_chars);
+}
+
 std::string QuoteForMessage(std::string_view text, size_t max_chars) {
   std::string out;
   for (size_t i = 0; i < text.size() && i < max_chars; ++i) {

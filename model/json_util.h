@@ -23,5 +23,7 @@ StatusOr<nlohmann::json> ParseJson(std::string_view text, const std::string& wha
 StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, const std::string& what, Env* env = Env::Default());
 // `text` for an error message: at most max_chars, control bytes escaped, "..." when cut.
 std::string QuoteForMessage(std::string_view text, size_t max_chars = 80);
+// A JSON value as an error message shows it: compact, and cut like QuoteForMessage.
+std::string JsonForMessage(const nlohmann::json& value, size_t max_chars = 80);
 
 }  // namespace tf

@@ -1,5 +1,5 @@
 // End-to-end tests of the `trainflow` binary (engine/cli.cpp): every user mistake exits with code
-// 1 or 2 (never a crash or a signal) and a message on stderr naming the offending key or file; a
+// 2 or 4 (never 1, a crash or a signal) and a message on stderr naming the offending key or file; a
 // tiny prepare -> train -> eval -> sample -> export -> bench session succeeds, writes its files,
 // and is deterministic. Each run is a few milliseconds to a second on the byte-tiny model.
 #include <sys/wait.h>
@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/token_file.h"
+#include "tests/engine/cli_fixture.h"
 #include "model/config.h"
 #include "model/gpt2_weights.h"
 #include "model/safetensors.h"
@@ -27,97 +28,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// TRAINFLOW_CLI_BINARY runs the same tests against another build of the binary (CTest's
-// emu.cli_test: trainflow_emu, whose --device auto takes the emulated GPU, tests/emulator).
-const std::string kBinary = std::getenv("TRAINFLOW_CLI_BINARY") != nullptr ? std::getenv("TRAINFLOW_CLI_BINARY")
-                                                                          : std::string(TF_BINARY_DIR) + "/trainflow";
-const std::string kByteTiny = std::string(TF_SOURCE_DIR) + "/configs/model/byte-tiny.json";
-
-std::string Quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out.push_back(c);
-    }
-  }
-  out.push_back('\'');
-  return out;
-}
-
-std::string ReadAll(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct RunResult {
-  int exit_code = -1;  // the shell's status: 128 + n when the binary died of signal n
-  std::string out, err;
-};
-
-std::ostream& operator<<(std::ostream& os, const RunResult& r) {
-  return os << "exit " << r.exit_code << "\n--- stdout ---\n" << r.out << "\n--- stderr ---\n" << r.err;
-}
-
-class CliTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::exists(kBinary)) << kBinary << " is not built";
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / ("tf_cli_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
-
-  // Runs `trainflow <args>` inside the test's directory (so a default out_dir cannot litter the
-  // build tree), capturing stdout and stderr.
-  RunResult Run(const std::vector<std::string>& args) {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    std::string cmd = fmt::format("cd {} && OMP_NUM_THREADS=2 exec {}", Quote(dir_.string()), Quote(kBinary));
-    for (const std::string& a : args) cmd += fmt::format(" {}", Quote(a));
-    cmd += fmt::format(" >{} 2>{}", Quote(out.string()), Quote(err.string()));
-    const int status = std::system(cmd.c_str());
-    RunResult r;
-    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-    else if (WIFSIGNALED(status)) r.exit_code = 128 + WTERMSIG(status);
-    r.out = ReadAll(out);
-    r.err = ReadAll(err);
-    return r;
-  }
-
-  // A clean failure: exit code 1 (a Status) or 2 (a command-line parse error), not a crash, and
-  // every needle on stderr.
-  void ExpectCleanFailure(const RunResult& r, const std::vector<std::string>& needles) {
-    EXPECT_TRUE(r.exit_code == 1 || r.exit_code == 2) << r;
-    for (const std::string& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << "expected '" << n << "' in\n" << r;
-  }
-
-  // A valid byte-level token file of n tokens.
-  std::string TokenFile(const std::string& name, int n = 200) {
-    std::vector<uint16_t> t(static_cast<size_t>(n));
-    for (int k = 0; k < n; ++k) t[static_cast<size_t>(k)] = static_cast<uint16_t>('a' + k % 26);
-    const std::string p = Path(name);
-    EXPECT_TRUE(WriteTokenFile(p, t).ok());
-    return p;
-  }
-
-  // `trainflow train` on byte-tiny with a tiny valid batch, plus `extra` arguments.
-  RunResult Train(const std::vector<std::string>& extra, const std::string& model = kByteTiny) {
-    std::vector<std::string> args = {"train",        "--model",        model, "--max_steps",  "1",
-                                     "--batch_size", "1",              "--seq_len", "8", "--sample_tokens",
-                                     "0",            "--eval_batches", "0",   "--out_dir",     Path("out")};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return Run(args);
-  }
-
-  fs::path dir_;
-};
+using cli_testing::CliFixture;
+using cli_testing::kBinary;
+using cli_testing::kByteTiny;
+using cli_testing::ReadAll;
+using cli_testing::RunResult;
+using CliTest = CliFixture;
 
 // ---- failures --------------------------------------------------------------------------------
 
@@ -212,7 +128,7 @@ TEST_F(CliTest, MissingTrainConfigFile) {
 
 TEST_F(CliTest, UnknownSubcommand) {
   const RunResult r = Run({"fly"});
-  EXPECT_TRUE(r.exit_code == 1 || r.exit_code == 2) << r;
+  ExpectCleanFailure(r, {"unknown command 'fly'"});
 }
 
 // `trainflow env` reports the build and what it finds, and never fails for lack of a GPU, NCCL or
@@ -268,7 +184,7 @@ TEST_F(CliTest, PrepareTrainEvalSampleExportBench) {
   EXPECT_TRUE(fs::exists(out + "/config.json"));
   EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));
   {
-    // metrics.jsonl: one line per step, then the final validation loss.
+    // metrics.jsonl: one line per step; the last also has the final validation loss.
     std::istringstream lines(ReadAll(out + "/metrics.jsonl"));
     std::string line;
     int steps = 0, vals = 0;

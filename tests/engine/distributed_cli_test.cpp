@@ -1,11 +1,18 @@
 // The trainflow binary under mpirun, for failures that only a real multi-process launch shows:
 // a rank that fails alone (here: its data file is missing on its "node") must end the whole job
 // with its error message, not leave the other ranks waiting in a collective forever; ranks started
-// with different configs stop with an error naming the ranks.
+// with different configs stop with an error naming the ranks; a rank that is stopped (SIGSTOP) makes
+// the others say what they wait for, wait without burning a core, and give up after
+// TRAINFLOW_COMM_TIMEOUT with the retryable exit code 3.
+#include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -13,6 +20,8 @@
 #include <gtest/gtest.h>
 
 #include "engine/token_file.h"
+
+extern char** environ;
 
 namespace tf {
 namespace {
@@ -57,7 +66,7 @@ class DistributedCli : public ::testing::Test {
   fs::path dir_;
 };
 
-constexpr const char* kMpirun = "mpirun --allow-run-as-root --oversubscribe ";
+constexpr const char* kMpirun = TF_MPIRUN " ";  // on loopback only (tests/CMakeLists.txt)
 
 TEST_F(DistributedCli, RankFailingAloneEndsTheJobWithItsError) {
   // Rank 0 finds d/train.bin in node_a; rank 1's working directory node_b has no such file.
@@ -80,6 +89,112 @@ TEST_F(DistributedCli, TwoRanksTrain) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("2 ranks on 1 node"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("step     3/3"), std::string::npos) << r.out;
+}
+
+
+// The pid of the process whose environment holds all of `vars` (0 if none).
+pid_t FindProcess(const std::vector<std::string>& vars) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "environ", std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::string env = ss.str();
+    std::vector<std::string> entries;
+    for (size_t at = 0; at < env.size();) {
+      const size_t end = env.find('\0', at);
+      entries.push_back(env.substr(at, end == std::string::npos ? std::string::npos : end - at));
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+    bool all = true;
+    for (const std::string& v : vars) all = all && std::find(entries.begin(), entries.end(), v) != entries.end();
+    if (all) return static_cast<pid_t>(std::stol(name));
+  }
+  return 0;
+}
+
+// User + system CPU seconds a process has used (/proc/<pid>/stat fields 14 and 15).
+double CpuSeconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  long ticks = 0;
+  for (int k = 3; k <= 15 && rest >> field; ++k) {
+    if (k >= 14) ticks += std::stol(field);
+  }
+  return static_cast<double>(ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+TEST_F(DistributedCli, StoppedPeerIsReportedAndTimesOutRetryably) {
+  const std::string marker = "TF_TEST_MARKER=stopped_peer_" + std::to_string(::getpid());
+  const fs::path log = dir_ / "log4.txt";
+  const std::string long_run = "--max_steps 1000000 --out_dir " + (dir_ / "stopped").string();
+  const std::string cmd = "exec timeout 120 " + std::string(kMpirun) + "-x TRAINFLOW_COMM_TIMEOUT=14 -x " + marker +
+                          " " + Rank("node_a", long_run) + " : " + Rank("node_a", long_run) +
+                          " >" + log.string() + " 2>&1";
+  const std::string env_marker = marker;
+  ::setenv("TF_TEST_MARKER", marker.substr(marker.find('=') + 1).c_str(), 1);
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  pid_t job = -1;
+  ASSERT_EQ(posix_spawn(&job, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  ::unsetenv("TF_TEST_MARKER");
+  pid_t rank0 = 0, rank1 = 0;
+  auto cleanup = [&] {
+    if (rank1 > 0) {
+      ::kill(rank1, SIGCONT);
+      ::kill(rank1, SIGKILL);
+    }
+    ::kill(job, SIGTERM);
+  };
+  // Both ranks running and a few steps done (bounded: 60 s).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  size_t lines = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    rank0 = FindProcess({env_marker, "OMPI_COMM_WORLD_RANK=0"});
+    rank1 = FindProcess({env_marker, "OMPI_COMM_WORLD_RANK=1"});
+    std::ifstream m(dir_ / "stopped" / "metrics.jsonl");
+    std::string line;
+    for (lines = 0; std::getline(m, line);) ++lines;
+    if (rank0 > 0 && rank1 > 0 && lines >= 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (rank0 <= 0 || rank1 <= 0 || lines < 3) {
+    cleanup();
+    ::waitpid(job, nullptr, 0);
+    FAIL() << "the job did not start training (rank pids " << rank0 << ", " << rank1 << ")";
+  }
+  ASSERT_EQ(::kill(rank1, SIGSTOP), 0);
+  // After the first 200 ms of polling, the survivor sleeps between polls: over 4 s it uses well
+  // under a core (the old loop used all of one).
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double cpu_before = CpuSeconds(rank0);
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const double cpu_used = CpuSeconds(rank0) - cpu_before;
+  int status = 0;
+  const auto exit_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::waitpid(job, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > exit_deadline) {
+      cleanup();
+      ::waitpid(job, &status, 0);
+      FAIL() << "the job did not give up on the stopped rank";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  cleanup();
+  std::ifstream f(log);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string out = ss.str();
+  EXPECT_LT(cpu_used, 1.0) << "rank 0 used " << cpu_used << " CPU s in 4 s while waiting\n" << out;
+  EXPECT_NE(out.find("has been waiting"), std::string::npos) << out;
+  EXPECT_NE(out.find("(while step "), std::string::npos) << out;  // what it was waiting for
+  EXPECT_NE(out.find("TRAINFLOW_COMM_TIMEOUT"), std::string::npos) << out;
+  EXPECT_NE(out.find("did not complete within 14 s"), std::string::npos) << out;
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 3) << out;  // retryable: a peer failed
 }
 
 }  // namespace

@@ -1,0 +1,122 @@
+// A fixture for tests that run the real `trainflow` binary: each test gets its own directory, runs
+// the binary inside it with stdout/stderr captured (or in the background, to signal it), and
+// checks failures are clean: the documented exit code, never a signal, the offending key or file
+// named on stderr. TRAINFLOW_CLI_BINARY selects another build of the binary (emu.*: trainflow_emu,
+// whose --device auto takes the emulated GPU).
+#pragma once
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "engine/token_file.h"
+
+namespace tf::cli_testing {
+
+namespace fs = std::filesystem;
+
+inline const std::string kBinary = std::getenv("TRAINFLOW_CLI_BINARY") != nullptr ? std::getenv("TRAINFLOW_CLI_BINARY")
+                                                                          : std::string(TF_BINARY_DIR) + "/trainflow";
+inline const std::string kByteTiny = std::string(TF_SOURCE_DIR) + "/configs/model/byte-tiny.json";
+
+inline std::string Quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out.push_back(c);
+    }
+  }
+  out.push_back('\'');
+  return out;
+}
+
+inline std::string ReadAll(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct RunResult {
+  int exit_code = -1;  // the shell's status: 128 + n when the binary died of signal n
+  std::string out, err;
+};
+
+inline std::ostream& operator<<(std::ostream& os, const RunResult& r) {
+  return os << "exit " << r.exit_code << "\n--- stdout ---\n" << r.out << "\n--- stderr ---\n" << r.err;
+}
+
+class CliFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(kBinary)) << kBinary << " is not built";
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) / ("tf_cli_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Runs `trainflow <args>` inside the test's directory (so a default out_dir cannot litter the
+  // build tree), capturing stdout and stderr.
+  RunResult Run(const std::vector<std::string>& args) { return RunWith("", args); }
+  // The same, started by `launcher` (for example mpirun and its flags).
+  RunResult RunWith(const std::string& launcher, const std::vector<std::string>& args) {
+    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    std::string cmd =
+        fmt::format("cd {} && OMP_NUM_THREADS=2 exec {} {}", Quote(dir_.string()), launcher, Quote(kBinary));
+    for (const std::string& a : args) cmd += fmt::format(" {}", Quote(a));
+    cmd += fmt::format(" >{} 2>{}", Quote(out.string()), Quote(err.string()));
+    const int status = std::system(cmd.c_str());
+    RunResult r;
+    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+    else if (WIFSIGNALED(status)) r.exit_code = 128 + WTERMSIG(status);
+    r.out = ReadAll(out);
+    r.err = ReadAll(err);
+    return r;
+  }
+
+  // A clean failure: exit code 2 (bad input or configuration) or 4 (the OS refused a file), never
+  // 1 (internal error) or a signal, and every needle on stderr.
+  void ExpectCleanFailure(const RunResult& r, const std::vector<std::string>& needles) {
+    EXPECT_TRUE(r.exit_code == 2 || r.exit_code == 4) << r;
+    for (const std::string& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << "expected '" << n << "' in\n" << r;
+  }
+
+  // A valid byte-level token file of n tokens.
+  std::string TokenFile(const std::string& name, int n = 200) {
+    std::vector<uint16_t> t(static_cast<size_t>(n));
+    for (int k = 0; k < n; ++k) t[static_cast<size_t>(k)] = static_cast<uint16_t>('a' + k % 26);
+    const std::string p = Path(name);
+    EXPECT_TRUE(WriteTokenFile(p, t).ok());
+    return p;
+  }
+
+  // `trainflow train` on byte-tiny with a tiny valid batch, plus `extra` arguments.
+  RunResult Train(const std::vector<std::string>& extra, const std::string& model = kByteTiny) {
+    std::vector<std::string> args = {"train",        "--model",        model, "--max_steps",  "1",
+                                     "--batch_size", "1",              "--seq_len", "8", "--sample_tokens",
+                                     "0",            "--eval_batches", "0",   "--out_dir",     Path("out")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return Run(args);
+  }
+
+  fs::path dir_;
+};
+
+}  // namespace tf::cli_testing

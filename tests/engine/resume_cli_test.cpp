@@ -1,0 +1,260 @@
+// Exact resume through the real binary, each run a fresh process: a run stopped after step N
+// (stop_at_step) and resumed from its train_state reaches step 2N with the same per-step losses,
+// gradient norms, learning rates, validation losses and samples, and bit-identical weights and
+// training state, as one uninterrupted 2N-step run — on one rank with shuffling, on 2 MPI ranks
+// with int8 compression and error feedback, and (as emu.resume_cli_test, with trainflow_emu) on
+// the emulated GPU. A SIGTERM'd run finishes its step, exits 5 and leaves loadable outputs whose
+// metrics.jsonl ends at the last finished step, and resumes exactly too.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/train_state.h"
+#include "model/gpt2_weights.h"
+#include "model/safetensors.h"
+#include "tests/engine/cli_fixture.h"
+
+extern char** environ;
+
+namespace tf {
+namespace {
+
+using cli_testing::CliFixture;
+using cli_testing::kBinary;
+using cli_testing::kByteTiny;
+using cli_testing::Quote;
+using cli_testing::ReadAll;
+using cli_testing::RunResult;
+namespace fs = std::filesystem;
+
+// What must repeat exactly: each step's record in metrics.jsonl without its timings.
+std::map<int64_t, nlohmann::json> StepRecords(const std::string& metrics) {
+  std::map<int64_t, nlohmann::json> records;
+  std::istringstream lines(metrics);
+  std::string line;
+  while (std::getline(lines, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    for (const char* timing : {"ms", "tokens_per_s", "comm_exposed_ms", "comm_ms", "codec_ms", "comm_GBps"}) {
+      j.erase(timing);
+    }
+    records[j.at("step").get<int64_t>()] = j;
+  }
+  return records;
+}
+
+// The samples printed after `after_step`: "sample step K" header line -> the escaped sample line.
+std::map<int64_t, std::string> Samples(const std::string& out, int64_t after_step) {
+  std::map<int64_t, std::string> samples;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (!line.starts_with("sample step ")) continue;
+    const int64_t step = std::stoll(line.substr(12));
+    std::string text;
+    std::getline(lines, text);
+    if (step > after_step) samples[step] = text;
+  }
+  return samples;
+}
+
+class ResumeTest : public CliFixture {
+ protected:
+  static constexpr int kHalf = 4, kSteps = 2 * kHalf;
+
+  void SetUp() override {
+    CliFixture::SetUp();
+    // Bytes from a fixed LCG: shuffled windows of it differ (a periodic text would repeat them).
+    uint64_t x = 12345;
+    auto tokens = [&](int n) {
+      std::vector<uint16_t> t(static_cast<size_t>(n));
+      for (auto& v : t) v = static_cast<uint16_t>(((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 256);
+      return t;
+    };
+    ASSERT_TRUE(WriteTokenFile(Path("train.bin"), tokens(6000)).ok());
+    ASSERT_TRUE(WriteTokenFile(Path("val.bin"), tokens(1000)).ok());
+  }
+
+  std::vector<std::string> TrainArgs(const std::string& out_dir, const std::vector<std::string>& extra) const {
+    std::vector<std::string> args = {
+        "train",          "--model",   kByteTiny,  "--train_data",      Path("train.bin"), "--val_data",
+        Path("val.bin"),  "--seq_len", "16",       "--batch_size",      "2",               "--max_steps",
+        std::to_string(kSteps), "--shuffle", "true", "--warmup_steps", "2",         "--eval_interval",
+        "2",              "--eval_batches", "2",   "--sample_interval", "3",               "--sample_tokens",
+        "6",              "--save_state", "true",  "--out_dir",         Path(out_dir)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  // The uninterrupted run in "full" and the stopped-then-resumed one in "resumed" agree exactly.
+  void ExpectSameRun(const RunResult& full, const RunResult& resumed, int64_t stopped_at) {
+    const auto a = StepRecords(ReadAll(Path("full/metrics.jsonl")));
+    const auto b = StepRecords(ReadAll(Path("resumed/metrics.jsonl")));
+    ASSERT_EQ(a.size(), static_cast<size_t>(kSteps));
+    ASSERT_EQ(b.size(), static_cast<size_t>(kSteps - stopped_at)) << resumed;
+    for (const auto& [step, record] : b) EXPECT_EQ(record, a.at(step)) << "step " << step;
+    const auto sa = Samples(full.out, stopped_at), sb = Samples(resumed.out, stopped_at);
+    EXPECT_FALSE(sb.empty()) << resumed;
+    EXPECT_EQ(sa, sb);
+    EXPECT_EQ(ReadAll(Path("full/model.safetensors")), ReadAll(Path("resumed/model.safetensors")));
+    // Every rank's state: weights, moments, residuals, data position.
+    for (const std::string& name : StateFiles("full")) {
+      EXPECT_EQ(ReadAll(Path("full/" + name)), ReadAll(Path("resumed/" + name))) << name;
+    }
+  }
+
+  std::vector<std::string> StateFiles(const std::string& dir) const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(Path(dir))) {
+      const std::string n = e.path().filename().string();
+      if (n.starts_with("train_state")) names.push_back(n);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+};
+
+TEST_F(ResumeTest, StopAtStepThenResumeIsBitIdentical) {
+  const RunResult full = Run(TrainArgs("full", {}));
+  ASSERT_EQ(full.exit_code, 0) << full;
+  const RunResult first = Run(TrainArgs("first", {"--stop_at_step", std::to_string(kHalf)}));
+  ASSERT_EQ(first.exit_code, 5) << first;  // stopped before max_steps: resumable
+  EXPECT_NE(first.out.find("stopping after step 4 of 8 (stop_at_step)"), std::string::npos) << first;
+  const RunResult resumed = Run(TrainArgs("resumed", {"--resume_state", Path("first/train_state.safetensors")}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed;
+  EXPECT_NE(resumed.out.find("resumed at step 4"), std::string::npos) << resumed;
+  ExpectSameRun(full, resumed, kHalf);
+  // The stopped run's weights say where it stopped.
+  auto st = ReadSafetensors(Path("first/model.safetensors"));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->metadata.at("trainflow.step"), "4");
+}
+
+TEST_F(ResumeTest, ResumeRefusesAChangedTrajectory) {
+  ASSERT_EQ(Run(TrainArgs("first", {"--stop_at_step", "2"})).exit_code, 5);
+  const std::string state = Path("first/train_state.safetensors");
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--lr", "1e-3"}, {"--max_steps", "20"}, {"--shuffle", "false"}, {"--batch_size", "3"}}) {
+    const RunResult r = Run(TrainArgs("again", {"--resume_state", state, key, value}));
+    ExpectCleanFailure(r, {key.substr(2), state});
+  }
+  // Another model, or other training data, is refused too.
+  ASSERT_TRUE(WriteTokenFile(Path("other.bin"), std::vector<uint16_t>(6000, 7)).ok());
+  ExpectCleanFailure(Run(TrainArgs("again", {"--resume_state", state, "--train_data", Path("other.bin")})),
+                     {"data", state});
+  // A damaged state file is refused, naming it.
+  std::string bytes = ReadAll(state);
+  bytes.resize(bytes.size() / 2);
+  std::ofstream(Path("torn.safetensors"), std::ios::binary) << bytes;
+  ExpectCleanFailure(Run(TrainArgs("again", {"--resume_state", Path("torn.safetensors")})), {"torn.safetensors"});
+}
+
+TEST_F(ResumeTest, TwoMpiRanksWithInt8AndErrorFeedbackResumeBitIdentically) {
+  // Each run is `mpirun -np 2 trainflow ...` (on loopback only); the emulated GPU build needs an
+  // emulated device per rank and NCCL over MPI, passed on from the test's environment.
+  auto mpirun = [&](const std::vector<std::string>& args) {
+    std::string launcher = std::string(TF_MPIRUN) + " -np 2 -x OMP_NUM_THREADS=1 -x OMP_WAIT_POLICY=PASSIVE";
+    for (const char* var : {"CUEMU_DEVICES", "TRAINFLOW_NCCL_LIBRARY"}) {
+      if (std::getenv(var) != nullptr) launcher += fmt::format(" -x {}", var);
+    }
+    std::vector<std::string> with = args;
+    with.insert(with.end(), {"--compression", "int8", "--error_feedback", "true", "--bucket_mb", "0.01",
+                             "--threads", "1"});
+    return RunWith(launcher, with);
+  };
+  const RunResult full = mpirun(TrainArgs("full", {}));
+  ASSERT_EQ(full.exit_code, 0) << full;
+  ASSERT_NE(full.out.find("compression int8"), std::string::npos) << full;
+  EXPECT_EQ(StateFiles("full"), (std::vector<std::string>{"train_state.rank1.safetensors", "train_state.safetensors"}));
+  // The residuals are real state: they differ between the ranks and are not all zero.
+  auto r0 = ReadTrainState(Path("full/train_state.safetensors"));
+  auto r1 = ReadTrainState(Path("full/train_state.rank1.safetensors"));
+  ASSERT_TRUE(r0.ok() && r1.ok()) << r0.status().ToString() << r1.status().ToString();
+  ASSERT_FALSE(r0->ef_residual.empty());
+  EXPECT_NE(r0->ef_residual, r1->ef_residual);
+
+  const RunResult first = mpirun(TrainArgs("first", {"--stop_at_step", std::to_string(kHalf)}));
+  ASSERT_EQ(first.exit_code, 5) << first;
+  const RunResult resumed = mpirun(TrainArgs("resumed", {"--resume_state", Path("first/train_state.safetensors")}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed;
+  ExpectSameRun(full, resumed, kHalf);
+}
+
+// Starts the binary in the background (its own process; stdout/stderr to files in the test dir).
+pid_t Spawn(const std::string& dir, const std::vector<std::string>& args) {
+  std::string cmd = fmt::format("cd {} && exec {}", Quote(dir), Quote(kBinary));
+  for (const std::string& a : args) cmd.append(" ").append(Quote(a));
+  cmd += fmt::format(" >{} 2>{}", Quote(dir + "/stdout.txt"), Quote(dir + "/stderr.txt"));
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) return -1;
+  return pid;
+}
+
+// Waits up to `limit` for the child; kills it (and fails) if it is still running then.
+int WaitExit(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      ADD_FAILURE() << "trainflow did not exit within " << limit.count() << " s of the signal";
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_F(ResumeTest, SigtermStopsAfterTheStepWithLoadableOutputs) {
+  for (const int sig : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(strsignal(sig));
+    fs::remove_all(Path("run"));
+    // Many steps, so the signal lands mid-run; eval and samples off, so steps follow each other.
+    std::vector<std::string> args = TrainArgs("run", {"--max_steps", "1000000", "--eval_interval", "0",
+                                                      "--sample_tokens", "0", "--save_state", "false"});
+    const pid_t pid = Spawn(dir_.string(), args);
+    ASSERT_GT(pid, 0);
+    // Signal once a few steps are on disk (bounded: 120 s).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (StepRecords(ReadAll(Path("run/metrics.jsonl"))).size() < 3 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_EQ(::kill(pid, sig), 0);
+    const int code = WaitExit(pid, std::chrono::seconds(120));
+    const std::string out = ReadAll(Path("stdout.txt")), err = ReadAll(Path("stderr.txt"));
+    ASSERT_EQ(code, 5) << out << err;
+    EXPECT_NE(out.find("a stop was requested"), std::string::npos) << out;
+
+    // The weights load and record the step reached; metrics.jsonl ends with that step.
+    auto st = ReadSafetensors(Path("run/model.safetensors"));
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    const int64_t step = std::stoll(st->metadata.at("trainflow.step"));
+    const auto records = StepRecords(ReadAll(Path("run/metrics.jsonl")));
+    ASSERT_FALSE(records.empty());
+    EXPECT_EQ(records.rbegin()->first, step);
+    EXPECT_EQ(static_cast<int64_t>(records.size()), step);
+    std::string last_line = ReadAll(Path("run/metrics.jsonl"));
+    last_line.pop_back();
+    last_line = last_line.substr(last_line.rfind('\n') + 1);
+    EXPECT_EQ(nlohmann::json::parse(last_line).at("step").get<int64_t>(), step);
+    // A stopped run always leaves its training state, and `eval` reads its weights.
+    ASSERT_TRUE(fs::exists(Path("run/train_state.safetensors")));
+    auto state = ReadTrainState(Path("run/train_state.safetensors"));
+    ASSERT_TRUE(state.ok()) << state.status().ToString();
+    EXPECT_EQ(state->step, step);
+    const RunResult ev = Run({"eval", "--weights", Path("run/model.safetensors"), "--data", Path("val.bin"),
+                              "--batches", "1", "--seq-len", "16"});
+    EXPECT_EQ(ev.exit_code, 0) << ev;
+  }
+}
+
+}  // namespace
+}  // namespace tf
