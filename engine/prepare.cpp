@@ -113,9 +113,11 @@ StatusOr<PrepareResult> PrepareData(const PrepareOptions& o, const Tokenizer& to
   r.train_path = (fs::path(o.out_dir) / "train.bin").string();
   r.val_path = (fs::path(o.out_dir) / "val.bin").string();
   // The pair is replaced together: both are written in full beside the old ones first (a failure
-  // there leaves the previous pair as it was), then renamed into place; a previous val.bin is
-  // removed when this split has none, so train.bin is never paired with another run's val.bin.
+  // there leaves the previous pair as it was), then renamed into place with the previous val.bin
+  // kept aside until train.bin is in place too, and put back if that rename fails. A previous
+  // val.bin is removed when this split has none, so train.bin is never paired with another run's.
   const std::string staged_train = r.train_path + ".prepare", staged_val = r.val_path + ".prepare";
+  const std::string previous_val = r.val_path + ".previous";
   auto discard = [&](Status s) {
     (void)env->RemoveFile(staged_train);
     (void)env->RemoveFile(staged_val);
@@ -124,11 +126,25 @@ StatusOr<PrepareResult> PrepareData(const PrepareOptions& o, const Tokenizer& to
   if (Status s = WriteTokenFile(staged_train, train, /*with_header=*/true, env); !s.ok()) return discard(s);
   if (!val.empty()) {
     if (Status s = WriteTokenFile(staged_val, val, /*with_header=*/true, env); !s.ok()) return discard(s);
-    if (Status s = env->RenameFile(staged_val, r.val_path); !s.ok()) return discard(s);
-  } else if (env->Stat(r.val_path).ok()) {
-    if (Status s = env->RemoveFile(r.val_path); !s.ok()) return discard(s);
   }
-  if (Status s = env->RenameFile(staged_train, r.train_path); !s.ok()) return discard(s);
+  TF_ASSIGN_OR_RETURN(const FileInfo old_val, env->Stat(r.val_path));
+  if (old_val.exists) {
+    if (Status s = env->RenameFile(r.val_path, previous_val); !s.ok()) return discard(s);
+  }
+  auto restore = [&](Status s) {
+    if (!val.empty()) (void)env->RemoveFile(r.val_path);
+    if (old_val.exists) {
+      if (Status back = env->RenameFile(previous_val, r.val_path); !back.ok()) {
+        s = Status(s.code(), s.message() + fmt::format("; the previous val.bin is kept as '{}'", previous_val));
+      }
+    }
+    return discard(s);
+  };
+  if (!val.empty()) {
+    if (Status s = env->RenameFile(staged_val, r.val_path); !s.ok()) return restore(s);
+  }
+  if (Status s = env->RenameFile(staged_train, r.train_path); !s.ok()) return restore(s);
+  if (old_val.exists) (void)env->RemoveFile(previous_val);
   TF_RETURN_IF_ERROR(env->SyncDir(o.out_dir));
   if (val.empty()) r.val_path.clear();
   return r;

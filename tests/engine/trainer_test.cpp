@@ -1,11 +1,15 @@
 // Trainer behaviour: bit-identical runs for one seed, gradient accumulation semantics, and the
 // first steps of training actually lowering the loss.
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "base/fault_env.h"
 #include "engine/token_file.h"
 #include "engine/trainer.h"
 
@@ -123,6 +127,52 @@ TEST_F(TrainerTest, WritesLoadableOutputs) {
   ASSERT_TRUE((*trainer)->backend().GetParams(a).ok());
   ASSERT_TRUE((*again)->backend().GetParams(b).ok());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+// A failed final weights write (here: the rename over the previous file) names the file and the
+// errno, keeps the previous model.safetensors, and saves the trained weights where the message says.
+TEST_F(TrainerTest, FailedWeightsWriteKeepsPreviousFileAndRescuesTheWeights) {
+  TrainConfig t = train_;
+  t.max_steps = 1;
+  {
+    auto first = Trainer::Create(model_, t, Trainer::Options{.print_progress = false});
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    ASSERT_TRUE((*first)->Run().ok());
+  }
+  const fs::path weights = fs::path(t.out_dir) / "model.safetensors";
+  auto previous = Env::Default()->ReadFileToString(weights.string());
+  ASSERT_TRUE(previous.ok());
+
+  const fs::path tmp = dir_ / "tmp";
+  fs::create_directories(tmp);
+  const char* old_tmpdir = std::getenv("TMPDIR");
+  const std::string saved_tmpdir = old_tmpdir ? old_tmpdir : "";
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  FaultInjectionEnv env(Env::Default(), FaultOptions{.fail_rename_at = 1});
+  t.max_steps = 2;
+  auto trainer = Trainer::Create(model_, t, Trainer::Options{.print_progress = false, .env = &env});
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  auto result = (*trainer)->Run();
+  if (old_tmpdir) ::setenv("TMPDIR", saved_tmpdir.c_str(), 1); else ::unsetenv("TMPDIR");
+
+  ASSERT_FALSE(result.ok());
+  const std::string msg = result.status().message();
+  EXPECT_EQ(result.status().code(), StatusCode::kIOError) << msg;
+  EXPECT_NE(msg.find(weights.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("errno 5"), std::string::npos) << msg;
+  const fs::path rescued = tmp / ("trainflow-rescue-" + std::to_string(::getpid())) / "model.safetensors";
+  EXPECT_NE(msg.find("saved to " + rescued.string()), std::string::npos) << msg;
+  EXPECT_EQ(*Env::Default()->ReadFileToString(weights.string()), *previous);
+  // The rescued file holds this run's weights (step 2), loadable with --init-from.
+  std::vector<float> trained(static_cast<size_t>((*trainer)->backend().layout().total()));
+  ASSERT_TRUE((*trainer)->backend().GetParams(trained).ok());
+  TrainConfig from = train_;
+  from.init_from = rescued.string();
+  auto again = Trainer::Create(model_, from, Trainer::Options{.print_progress = false, .write_outputs = false});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  std::vector<float> loaded(trained.size());
+  ASSERT_TRUE((*again)->backend().GetParams(loaded).ok());
+  EXPECT_EQ(std::memcmp(trained.data(), loaded.data(), trained.size() * sizeof(float)), 0);
 }
 
 TEST_F(TrainerTest, CudaDeviceWithoutGpuIsAClearError) {
