@@ -1,23 +1,16 @@
 // Causal attention on the GPU: the fused flash kernels (kernels/flash_attention.cu) against the
 // GEMM-based baseline (kernels/attention.cu), forward and backward.
-//
-// Shapes (arg "shape"): 0 = GPT-2 124M training, B = 16, T = 1024, NH = 12, hs = 64 (C = 768);
-// 1 = GPT-2 1558M, B = 8, T = 1024, NH = 25, hs = 64 (C = 1600). Arg "dt": 0 fp32, 1 bf16.
-// BM_Flash arg "simt" = 1 forces the SIMT kernels (bf16 otherwise runs on tensor cores).
-//
-// Counters:
-//  * TFLOP/s: useful causal FLOPs per call / GPU time per call, the FlashAttention convention, so
-//    that both implementations are judged on the same work: forward 2 products of (T(T+1)/2) x hs
-//    multiply-adds per (batch, head) = 2 hs T (T+1) B NH FLOPs; backward 2.5x that (5 products).
-//    (The flash backward executes 7 products — S and dP are recomputed in its dQ pass — and the
-//    baseline computes full (T,T) products, twice the causal work; neither overhead is counted.)
-//  * of_peak: TFLOP/s / peak_TFLOP/s. The peak is --peak=<TFLOP/s> (bf16 runs) or
-//    --peak_fp32=<TFLOP/s> when given, else measured once per dtype: a square 8192^3 GEMM through
-//    cuda::matmul_forward (cuBLASLt), best of 5 timed calls after warm-up, printed to stderr.
-// Timing (bench/cuda_bench_util.h, TimeFlopRate): CUDA events around kCallsPerTiming (5)
-// back-to-back calls (manual time), after kWarmUpCalls (3) calls. No cache flush: the operands
-// (>= 75 MB of qkv at the 124M shape) exceed L2.
-// Without a CUDA device every benchmark reports "no CUDA device" and is skipped.
+// Args: "shape" 0 = GPT-2 124M training (B = 16, T = 1024, NH = 12, hs = 64), 1 = GPT-2 1558M
+// (B = 8, T = 1024, NH = 25, hs = 64); "dt" 0 fp32, 1 bf16; BM_Flash "simt" = 1 forces the SIMT
+// kernels (bf16 otherwise runs on tensor cores).
+// Counters: TFLOP/s = useful causal FLOPs / GPU time (the FlashAttention convention, the same work
+// for both): forward 2 hs T (T+1) B NH, backward 2.5x that (5 products); the flash backward's 7
+// products and the baseline's full (T,T) products are not counted. of_peak = that / the peak:
+// --peak=<TFLOP/s> (bf16) or --peak_fp32=<TFLOP/s>, else a measured 8192^3 cuBLASLt GEMM (best of
+// 5 after warm-up, printed to stderr).
+// Timing (bench/cuda_bench_util.h, TimeFlopRate): CUDA events around 5 back-to-back calls after 3
+// warm-up calls; no cache flush (>= 75 MB of qkv at the 124M shape exceeds L2). Without a CUDA
+// device every benchmark reports "no CUDA device" and is skipped.
 //
 // Run: build/bench/attention_cuda_bench [--peak=989] [--benchmark_filter=Flash]
 #include <cstddef>

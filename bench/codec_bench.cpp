@@ -1,21 +1,14 @@
 // Throughput of the CPU gradient codecs (comm/codec.h) on one 25 MiB bucket of fp32 gradients
-// (6,553,600 values; PyTorch DDP's default bucket_cap_mb), against the machine's measured memory
-// bandwidth.
-//
-// BM_CodecEncode/<spec>: Encode with error feedback (a residual), as the reducer runs it.
-// BM_CodecDecode/<spec>: DecodeAccumulate (scale 1/world) of one encoding into an fp32 buffer.
-// Reported:
-//  * bytes_per_second (SetBytesProcessed): fp32 gradient bytes handled per second (4 n per
-//    iteration), the figure to compare across codecs and with the network's bandwidth;
-//  * "of_stream_bw": the compulsory memory traffic per second / the STREAM-triad bandwidth measured
-//    once per process (printed to stderr). Traffic: encode reads x and r, writes r and the encoding
-//    (12 n + EncodedBytes); decode reads the encoding and read-modify-writes acc (8 n +
-//    EncodedBytes; topk only the 8 bytes of each sent element's acc, so its fraction is low by
-//    construction: it is latency-, not bandwidth-bound). A rate counter, printed with a "/s" suffix;
-//    it is a plain fraction;
+// (6,553,600 values; PyTorch DDP's default bucket_cap_mb), against the measured memory bandwidth.
+// BM_CodecEncode/<spec>: Encode with a residual, as the reducer runs it; BM_CodecDecode/<spec>:
+// DecodeAccumulate (scale 1/world) of one encoding into an fp32 buffer. Reported:
+//  * bytes_per_second: fp32 gradient bytes handled (4 n per iteration), to compare across codecs
+//    and with the network's bandwidth;
+//  * "of_stream_bw": compulsory traffic / the STREAM-triad bandwidth (measured once, printed to
+//    stderr; a plain fraction shown with "/s"): encode 12 n + EncodedBytes, decode 8 n +
+//    EncodedBytes (topk touches only the sent elements' acc: latency-bound, low by construction);
 //  * "ratio": CompressionRatio, uncompressed / encoded bytes.
 // OpenMP inside the codecs, so real (wall) time, after a warm-up (page faults, thread pool, caches).
-//
 // Run: build/bench/codec_bench [--benchmark_filter=int8] [--benchmark_min_time=0.5s]
 // Threads: OMP_NUM_THREADS (default: all cores).
 #include <benchmark/benchmark.h>

@@ -1,23 +1,16 @@
 // Throughput of the CPU kernels (kernels/*.h) at GPT-2 124M shapes, against the machine's ceilings.
+// Shapes: B = 4, T = 64 (N = 256 rows), C = 768, NH = 12, MLP 4C = 3072, vocabulary V = 50257
+// padded to Vp = 50304, 124,475,904 parameters (padded vocabulary) for the optimizer.
 //
-// Shapes: B = 4, T = 64 (N = B*T = 256 rows), C = 768, NH = 12, MLP 4C = 3072, vocabulary
-// V = 50257 padded to Vp = 50304, 124,475,904 parameters (padded vocabulary) for the optimizer.
-//
-// Every benchmark reports a rate and the fraction of a ceiling measured on this machine, once per
-// process (see Ceilings()):
-//  * GEMM-like kernels (matmul, attention): "GFLOP" (a kIsRate counter on the FLOPs the kernel
-//    executes, printed as GFLOP=x/s) and "of_sgemm_peak" = that / the measured single-precision
-//    GEMM rate (a square 2048 GEMM with all OpenMP threads through the build's GEMM engine, the one the
-//    kernels call; the BM_EigenSgemm family below shows Eigen's own rate across shapes).
-//  * Memory-bound kernels: bytes_per_second from SetBytesProcessed, counting the compulsory
-//    traffic (each input read once, each output written once; read-modify-write counted twice),
-//    and "of_stream_bw" = that / the measured STREAM-triad DRAM bandwidth. Working sets that fit
-//    in cache (residual, softmax_rows, ...) can exceed 1: the ceiling is DRAM.
-//  The of_* fractions are rate counters too (value / wall time), so the console prints them with
-//  a "/s" suffix; they are plain fractions of the ceiling.
-// All kernels run OpenMP (Eigen included), so every benchmark uses real (wall) time, and each
-// has a short warm-up (thread pool start, page faults, caches) before it is measured.
-//
+// Each benchmark reports a rate and its fraction of a ceiling measured once per process (Ceilings()):
+//  * GEMM-like kernels (matmul, attention): "GFLOP" (executed FLOPs, printed as GFLOP=x/s) and
+//    "of_sgemm_peak" against a square 2048 SGEMM on all OpenMP threads through the build's GEMM
+//    engine, the one the kernels call (BM_EigenSgemm shows Eigen's own rate across shapes).
+//  * Memory-bound kernels: bytes_per_second of the compulsory traffic (inputs read once, outputs
+//    written once, read-modify-write twice) and "of_stream_bw" against the STREAM-triad DRAM
+//    bandwidth; cache-resident working sets (residual, softmax_rows, ...) can exceed 1.
+// The of_* counters are plain fractions printed with a "/s" suffix (rate counters). OpenMP
+// everywhere, so real (wall) time, after a short warm-up (thread pool, page faults, caches).
 // Run: build/bench/kernels_bench [--benchmark_filter=Matmul] [--benchmark_min_time=0.5]
 // Threads: OMP_NUM_THREADS (default: all cores).
 #include <omp.h>

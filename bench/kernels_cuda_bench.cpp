@@ -1,19 +1,15 @@
-// Throughput of the CUDA kernels (kernels/*.cu) at GPT-2 124M training shapes, against the device's
-// measured copy bandwidth.
+// Throughput of the CUDA kernels (kernels/*.cu) at GPT-2 124M training shapes, against the
+// device's measured copy bandwidth. Shapes: B = 16, T = 1024 (N = 16384 rows), C = 768, V = 50257
+// padded to Vp = 50304, 124,475,904 parameters (padded vocabulary) for the optimizer. Every kernel
+// runs with fp32 and bf16 storage (arg "bf16"); elementwise, LayerNorm forward and cross-entropy
+// also with misaligned pointers (arg "scalar" = 1: what the 16-byte accesses gain).
 //
-// Shapes: B = 16, T = 1024 (N = B*T = 16384 rows), C = 768, vocabulary V = 50257 padded to
-// Vp = 50304, 124,475,904 parameters (padded vocabulary) for the optimizer. Every kernel runs with
-// fp32 and with bf16 storage (arg "bf16"); the elementwise, LayerNorm forward and cross-entropy
-// benchmarks also with misaligned pointers (arg "scalar" = 1: what the 16-byte accesses gain).
-//
-// All kernels here are memory-bound, so each reports bytes_per_second from SetBytesProcessed,
-// counting the compulsory traffic (each input read once, each output written once,
-// read-modify-write counted twice; re-reads that the kernel makes from cache are not counted), and
-// "of_copy_bw" = that / the device-to-device cudaMemcpy bandwidth measured once per process (2 x
-// bytes / time over 1 GiB; printed to stderr). The of_copy_bw counter is a rate counter, so the
-// console prints it with a "/s" suffix; it is a plain fraction of the ceiling.
-// Timing: CUDA events around each iteration (UseManualTime), after a warm-up of a few launches.
-// Without a device every benchmark reports "no CUDA device" and is skipped.
+// All kernels are memory-bound: bytes_per_second counts the compulsory traffic (inputs read once,
+// outputs written once, read-modify-write twice; re-reads from cache not counted); "of_copy_bw" =
+// that / the device-to-device cudaMemcpy bandwidth measured once (2 x bytes / time over 1 GiB,
+// printed to stderr), a plain fraction shown with a "/s" suffix. Timing: CUDA events around each
+// iteration (UseManualTime) after a few warm-up launches. Without a device every benchmark
+// reports "no CUDA device" and is skipped.
 //
 // Run: build/bench/kernels_cuda_bench [--benchmark_filter=LayerNorm] [--benchmark_min_time=0.5s]
 #include <algorithm>

@@ -1,32 +1,17 @@
 // GPU throughput of the CUDA linear layers and attention (kernels/matmul.cu, kernels/attention.cu)
-// at GPT-2 124M training shapes: B = 16, T = 1024 (N = B*T = 16384 rows), C = 768, NH = 12 (head
-// size 64), MLP 4C = 3072, vocabulary padded to Vp = 50304.
-//
-// Benchmarks, each for fp32 (arg 0) and bf16 (arg 1):
-//  * BM_Linear/<layer>_fwd and _bwd: qkv (C -> 3C), attn_proj (C -> C), fc (C -> 4C, the GELU fused
-//    into the forward), fc_proj (4C -> C), each with bias; lm_head (C -> Vp, no bias, as GPT-2 ties
-//    it to the embedding). Backward = dinp, dweight and dbias (accumulating), as training runs it.
-//  * BM_Attention/fwd and /bwd: the unfused cuBLAS baseline at (B, T, C, NH).
-//  * BM_Epilogue/<fusion>_fused and _unfused: each epilogue fusion of the model against the
-//    separate kernels it replaces (see BM_Epilogue).
-// Counters:
-//  * TFLOP/s: the FLOPs the kernels execute per call / GPU time per call. Linear: 2 N C OC forward,
-//    4 N C OC backward (two GEMMs; the bias column sum is not counted). Attention: 4 B NH T^2 hs
-//    forward and 8 B NH T^2 hs backward, i.e. the full (T,T) products the baseline computes (the
-//    causal half of them is useful work).
-//  * of_peak: TFLOP/s / peak_TFLOP/s, where the peak is measured once per process and dtype: a
-//    square 8192^3 GEMM of the same dtype through cuda::matmul_forward (cuBLASLt, no bias), best of
-//    5 timed calls after warm-up. It is printed to stderr as well.
-// Timing (bench/cuda_bench_util.h, TimeFlopRate): CUDA events around kCallsPerTiming (5)
-// back-to-back calls on the context's stream (manual time), after kWarmUpCalls (3) calls (cuBLASLt
-// heuristics, clocks). Issuing several calls per measurement lets the host work of each call
-// (descriptor set-up, heuristic query) overlap the previous call's kernels, as it does in
-// training. No cache flush: every activation operand is >= 25 MB and the GEMMs are
-// compute-bound; only the small weight matrices may stay in L2 between calls.
-// Inputs are random (N(0,1)-scaled data, not zeros: tensor-core power and clocks depend on the
-// data).
-//
-// Without a CUDA device every benchmark reports an error ("no CUDA device") and exits cleanly.
+// at GPT-2 124M training shapes: B = 16, T = 1024 (N = 16384 rows), C = 768, NH = 12 (hs 64), MLP
+// 4C = 3072, vocabulary padded to Vp = 50304. Each benchmark for fp32 (arg 0) and bf16 (arg 1):
+//  * BM_Linear/<layer>_fwd, _bwd: qkv, attn_proj, fc (GELU fused into the forward), fc_proj, with
+//    bias; lm_head (C -> Vp, no bias: tied to the embedding). Backward = dinp, dweight, dbias
+//    (accumulating). BM_Attention/fwd, /bwd: the unfused cuBLAS baseline. BM_Epilogue/<fusion>_fused
+//    and _unfused: each epilogue fusion of the model against the separate kernels it replaces.
+//  * TFLOP/s = executed FLOPs / GPU time: linear 2 N C OC forward, 4 N C OC backward (bias sum not
+//    counted); attention 4 B NH T^2 hs forward, 8 B NH T^2 hs backward (the full (T,T) products, of
+//    which the causal half is useful). of_peak = that / a measured 8192^3 GEMM of the same dtype.
+// Timing (bench/cuda_bench_util.h, TimeFlopRate): CUDA events around 5 back-to-back calls after 3
+// warm-up calls, so each call's host work overlaps the previous kernels, as in training. No cache
+// flush (activations >= 25 MB, GEMMs compute-bound); random inputs (tensor-core power and clocks
+// depend on the data). Without a CUDA device every benchmark reports an error and exits cleanly.
 // Run: build/bench/matmul_attention_cuda_bench [--benchmark_filter=Linear] [--benchmark_min_time=0.5]
 #include <cmath>
 #include <cstddef>

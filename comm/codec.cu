@@ -1,21 +1,12 @@
 // CUDA gradient codecs (comm/codec.h, namespace tf::comm::cuda): the same bytes and residuals as
 // the CPU codecs (comm/codec.cpp), from the same comm/codec_math.h functions.
 //
-// One fused encode kernel per codec (reads x and the residual once, writes the codes and the new
-// residual in the same pass) and one fused decode-and-accumulate kernel per codec:
-//  * none, bf16, fp16: one thread per element (grid-stride).
-//  * int8, sign: one warp per scale block (grid-stride over blocks). Lane l takes elements l, l+32,
-//    ... of the block: first pass for the scale (int8: max of MagnitudeKey by an xor-shuffle max,
-//    exact in any order; sign: lane sums in order, then the xor butterfly of codec_math.h, the
-//    order the CPU replays), second pass (re-reading x and r from L1/L2) for the codes and the
-//    residual. sign packs each 32-element group with one __ballot_sync (block % 32 == 0, so bit l of
-//    word w is element 32w + l, as on the CPU).
-//  * topk: one thread block per chunk. The chunk's TopKKeys (unique 64-bit integers, larger wins)
-//    are bitonic-sorted in shared memory (padded to a power of two with 0, below every real key);
-//    the k-th largest is the threshold, so the selected set is the CPU's exactly. The chunk is
-//    then re-read in rounds of kThreads consecutive elements, and the selected ones are written in
-//    index order by a block-wide ballot/popc prefix count; the residual is zeroed where sent.
-//    Decode: one thread per pair (indices within an encoding are distinct, so no atomics).
+// One fused encode kernel per codec (x and the residual read once; codes and the new residual
+// written in the same pass) and one fused decode-and-accumulate kernel per codec: none/bf16/fp16
+// one thread per element; int8/sign one warp per scale block (a scale pass, then a codes pass from
+// L1/L2, in the reduction order the CPU replays); topk one thread block per chunk (a bitonic sort
+// of the chunk's unique keys in shared memory gives exactly the CPU's selection, written in index
+// order by a ballot/popc prefix count). Kernel shapes: docs/compression.md, "comm/codec.cu".
 #include <algorithm>
 #include <string>
 

@@ -3,27 +3,13 @@
 // __host__ __device__) with a CPU implementation here and a CUDA implementation (namespace
 // tf::comm::cuda, comm/codec.cu) that produce the same bytes for the same inputs.
 //
-// Codecs (the `--compression` spec in parentheses):
-//   none  ("none")       fp32 as is; reduced with a plain all-reduce.
-//   bf16  ("bf16")       round-to-nearest-even bfloat16, 2 bytes/element.
-//   fp16  ("fp16")       round-to-nearest-even IEEE half (saturating to +-65504), 2 bytes/element.
-//   int8  ("int8", "int8-sr")  per-block (block elements) scale = absmax/127 (rounded up to 17
-//                        significant bits, so code * scale is exact) stored as fp32, then int8 codes
-//                        in [-127, 127]; "-sr" rounds stochastically with a counter-based hash of
-//                        (seed, element index), otherwise to nearest (ties to even).
-//   sign  ("sign")       1 bit per element (set: y < 0) plus a per-block fp32 scale = mean |y| of the
-//                        block; decodes to +-scale.
-//   topk  ("topk:D")     block-wise top-k: in each chunk of topk_chunk elements the
-//                        k = max(1, round(D * chunk_len)) largest |x| (ties: lower index first) are
-//                        sent as (uint32 index into the encoded range, fp32 value) pairs, in increasing
-//                        index order. Sparse: gathered, never summed in encoded form.
-//
-// Encoded layouts are documented in docs/compression.md. Dense codecs (bf16, fp16, int8, sign)
-// encode any contiguous sub-range independently (the reducer encodes per-rank shards), so their
-// EncodedBytes is a function of the element count only.
-//
-// Error feedback: Encode() takes an optional residual buffer r (same length as x). It encodes
-// y = x + r and stores r = y - Decode(Encode(y)), so over steps nothing is lost, only delayed.
+// Codecs (`--compression` specs): none (fp32), bf16, fp16 (nearest even; fp16 saturates), int8 /
+// int8-sr (per-block fp32 scale + int8 codes, nearest or stochastic rounding), sign (1 bit plus a
+// per-block scale = mean |y|), topk:D (the largest fraction D of each chunk as (index, value)
+// pairs; sparse: gathered, never summed in encoded form). Rounding rules, encoded layouts, ratios:
+// docs/compression.md. Dense codecs encode any contiguous sub-range independently (EncodedBytes
+// depends on the element count only). Error feedback: with a residual r, Encode() encodes
+// y = x + r and stores r = y - Decode(Encode(y)): nothing is lost, only delayed.
 //
 // Thread safety: all functions are pure over their arguments (CPU ones parallelise with OpenMP).
 #pragma once

@@ -7,15 +7,11 @@
 //                              (comm/nccl_communicator.h, CUDA builds only).
 //
 // Semantics: every rank calls the same collectives in the same order with the same sizes (the
-// reducer guarantees it). For the host implementations a call returns when the collective is
-// complete on this rank; for NCCL when it is enqueued on the communication stream.
-// Overlap with compute comes from the caller: the gradient reducer runs its collectives on its own
-// thread (CPU) or stream (GPU).
-//
-// Timeouts: a host collective that does not complete within timeout_seconds() returns
-// DeadlineExceeded-style Internal errors naming the collective and its size, instead of hanging
-// forever on a dead peer; the communicator is then marked failed and every later call fails at
-// once. Thread safety: one thread at a time may call a given communicator.
+// reducer guarantees it). A host call returns when the collective is complete on this rank, an
+// NCCL one when it is enqueued; overlap with compute comes from the caller (the reducer's thread or
+// stream). A host collective not complete within timeout_seconds() returns a DeadlineExceeded-style
+// Internal error naming the collective and its size and marks the communicator failed (every later
+// call fails at once). Thread safety: one thread at a time per communicator. docs/distributed.md.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -2,23 +2,14 @@
 // device gradient buffer (fp32 or bf16) over the ranks of an NcclCommunicator, bucket by bucket,
 // overlapping with the backward pass. CUDA builds only.
 //
-// Buckets are planned exactly as on the CPU (PlanBuckets over the model's GradReadyRanges). The
-// model calls MarkReady() on the host right after it has *enqueued* the kernels that finish a
-// range; when a bucket becomes complete the reducer records an event on the compute stream, makes
-// the communication stream wait for it, and enqueues an NCCL average (ncclAvg all-reduce; NCCL's
-// ring/tree algorithms give every rank the same result) of the bucket on the communication stream.
-// Finish() makes the compute stream wait for the communication stream, so the optimizer that
-// follows sees averaged gradients without any host synchronisation.
-//
-// Codecs: `none` is one NCCL average (ncclAvg) per bucket, in the gradients' own dtype. Lossy
-// codecs run the host reducer's algorithms (two-phase all-to-all / all-gather for dense codecs,
-// all-gather of pairs for top-k) with the fused CUDA codec kernels (comm/codec.h, tf::comm::cuda:
-// the same bytes as the CPU codecs), all on the communication stream; bf16 gradients are staged
-// through an fp32 buffer per bucket (error-feedback residuals are fp32, on the device).
-//
-// Statistics: the exposed communication time is measured with CUDA events (end of backward to end
-// of the last reduction) and is available after the compute stream has passed Finish()'s wait
-// (LastStats() then synchronises on the events).
+// Buckets are planned as on the CPU. MarkReady() is called on the host once the kernels that
+// finish a range are *enqueued*; a complete bucket is reduced on the communication stream after an
+// event on the compute stream (none: one ncclAvg all-reduce in the gradients' dtype; lossy codecs:
+// the host reducer's algorithms with the fused CUDA codec kernels, bf16 staged through fp32).
+// Finish() makes the compute stream wait for the communication stream: no host synchronisation.
+// LastStats() (exposed communication time, from CUDA events) is valid once the compute stream has
+// passed Finish()'s wait, and synchronises on the events.
+// Ordering and codecs: docs/distributed.md, "comm/device_reducer.h".
 //
 // Thread safety: one host thread. Not copyable.
 #pragma once

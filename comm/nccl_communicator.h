@@ -3,17 +3,12 @@
 // through events). CUDA builds only.
 //
 // NCCL is loaded at run time (dlopen of libnccl.so.2: TRAINFLOW_NCCL_LIBRARY, NCCL_HOME/lib, the
-// loader's search path, CUDA_HOME/lib, then PyTorch's nvidia-nccl wheel directories), so a
-// trainflow binary starts, and trains on one GPU, on machines without NCCL; a multi-GPU run
-// without NCCL is an error naming what to install.
-//
-// Bootstrap: rank 0 creates the NCCL unique id and broadcasts it over MPI; every rank then joins
-// with ncclCommInitRank on the GPU it has selected (local rank). Uneven v-collectives use grouped
-// point-to-point operations (ncclReduce/ncclBroadcast per block).
-//
-// Semantics differ from the host communicators in one way: a call returns when the collective is
-// enqueued on stream(); Synchronize() waits for everything enqueued, polling with the timeout and
-// aborting the NCCL communicator (ncclCommAbort) instead of hanging when a peer is gone.
+// loader's search path, CUDA_HOME/lib, then PyTorch's nvidia-nccl wheel directories), so a binary
+// without NCCL still trains on one GPU. Rank 0 creates the unique id and broadcasts it over MPI;
+// uneven v-collectives are grouped point-to-point operations. A call returns when the collective
+// is enqueued on stream(); Synchronize() waits for everything enqueued, polling with the timeout
+// and aborting the NCCL communicator (ncclCommAbort) instead of hanging when a peer is gone.
+// Bootstrap and loading: docs/distributed.md, "Communicators".
 // Ownership: owns the NCCL communicator; the stream is borrowed. Thread safety: one thread.
 #pragma once
 #if defined(TF_WITH_CUDA)

@@ -1,34 +1,17 @@
 // GradientReducer (host buffers): averages a flat fp32 gradient buffer over the ranks of a
 // Communicator, bucket by bucket, overlapping with the backward pass that produces it.
 //
-// Buckets. The model announces, in a fixed order, the flat ranges of the gradient buffer that
-// become final during backward (for GPT-2: ln_f, the blocks last to first, then the embeddings;
-// see GradReadyRanges in model/parameters.h). Buckets are built once from that order: consecutive
-// ranges are merged while the bucket stays under bucket_bytes (the first bucket under
-// first_bucket_bytes, so communication starts early), and a range larger than a bucket is split.
-// Buckets are contiguous in the gradient buffer, so reducing one needs no gather copy.
-//
-// Overlap. MarkReady() (called on the compute thread from the model's grad-ready hook) counts a
-// bucket down; the bucket that becomes complete is queued to the reducer's communication thread,
-// which encodes it, runs the collectives and decodes the average back in place while backward
-// continues. Finish() waits for every bucket. Every rank queues the buckets in the same order
-// (backward is deterministic), so collectives match across ranks.
-//
-// Algorithms, all giving bit-identical results on every rank (each element's sum is computed by
-// one owner rank, in rank order, then copied), so the ranks' weights never drift apart:
-//   none               reduce-scatter (fp32 sum) -> owner scales by 1/W -> all-gather.
-//   bf16/fp16/int8/sign two-phase: every rank encodes its W shards of (g + residual) and
-//                      all-to-alls them; the owner decodes and averages its shard, re-encodes it
-//                      (with its own "server" residual) and all-gathers; everyone decodes.
-//   topk               every rank encodes the whole bucket; all-gather of (index, value) pairs;
-//                      everyone decode-accumulates the W contributions in rank order.
-// Error feedback (lossy codecs): the residual holds what was not sent yet, per element (plus the
-// owner's server residual); both are training state (GetState/SetState), saved with checkpoints.
+// Buckets are planned once from the order in which the model announces final gradient ranges
+// (GradReadyRanges, model/parameters.h): consecutive ranges merged under bucket_bytes (the first
+// under first_bucket_bytes), larger ones split; buckets are contiguous, so no gather copy.
+// MarkReady() counts a bucket down; a complete bucket is reduced on the reducer's communication
+// thread while backward continues; Finish() waits for all. Every algorithm (none, dense codecs,
+// topk) gives bit-identical results on every rank; error-feedback residuals are training state
+// (GetState/SetState). Algorithms and ordering: docs/distributed.md, "Gradient reduction".
 //
 // Thread safety: MarkReady/Finish/BeginStep from one (compute) thread; the communication thread
-// touches a bucket's gradient range only between the bucket's completion and Finish(), and the
-// caller must not write a range after announcing it. The communicator belongs to the reducer's
-// thread while a step is in flight.
+// touches a bucket's gradient range only between its completion and Finish(); the caller must not
+// write a range after announcing it; the communicator belongs to the reducer's thread mid-step.
 #pragma once
 #include <condition_variable>
 #include <cstdint>

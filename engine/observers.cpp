@@ -140,7 +140,9 @@ class MetricsJsonlObserver final : public StepObserver {
  public:
   explicit MetricsJsonlObserver(std::string path) : path_(std::move(path)) {}
   Status OnStart(Trainer& t) override {
-    // A run from step 0 starts the file afresh; a resumed run continues it.
+    // A run from step 0 starts the file afresh; a resumed run continues it, without the records of
+    // steps after the resumed one (a run that went on past its saved state and then died).
+    if (t.step() > 0) TF_RETURN_IF_ERROR(KeepStepsUpTo(t.env(), t.step()).WithContext("metrics.jsonl"));
     auto f = t.step() == 0 ? t.env()->NewWritableFile(path_) : t.env()->NewAppendableFile(path_);
     if (!f.ok()) return f.status().WithContext("metrics.jsonl");
     file_ = std::move(f).value();
@@ -177,6 +179,30 @@ class MetricsJsonlObserver final : public StepObserver {
       file_.reset();
     }
     return Status::OK();
+  }
+
+  // Rewrites the file (atomically) with only its whole records of steps <= `step`.
+  Status KeepStepsUpTo(Env* env, int64_t step) {
+    TF_ASSIGN_OR_RETURN(const FileInfo info, env->Stat(path_));
+    if (!info.exists) return Status::OK();
+    TF_ASSIGN_OR_RETURN(const std::string text, env->ReadFileToString(path_));
+    std::string kept;
+    bool dropped = false;
+    for (size_t pos = 0; pos < text.size();) {
+      const size_t end = text.find('\n', pos);
+      if (end == std::string::npos) {  // a torn last line
+        dropped = true;
+        break;
+      }
+      const std::string_view line(text.data() + pos, end - pos);
+      const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const bool keep = record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
+                        record["step"].get<int64_t>() <= step;
+      if (keep) kept.append(line).push_back('\n');
+      else dropped = true;
+      pos = end + 1;
+    }
+    return dropped ? env->WriteFileAtomically(path_, kept) : Status::OK();
   }
 
   std::string path_;

@@ -1,36 +1,14 @@
 // CUDA causal self-attention (kernels/attention.h): the unfused baseline. Heads are split into
 // contiguous (B,NH,T,hs) tensors, the two products per pass are strided-batched cuBLAS GEMMs over
-// the B*NH (batch, head) pairs, and the causal softmax (and its backward) runs one warp per row.
-// (A flash-style fused kernel that never materialises the (T,T) matrices comes later.)
+// the B*NH (batch, head) pairs (full (T,T) products, upper triangles included), and the causal
+// softmax (and its backward) runs one warp per row. The fused path is kernels/flash_attention.cu.
 //
-// Forward:  q,k,v = split(qkv);  S = scale q k^T (fp32);  P = causal_softmax(S) -> att;
-//           y = P v;  out = merge(y).
-// Backward: q,k,v = split(qkv);  dy = split(dout);  dv = P^T dy;  dP = dy v^T (fp32);
-//           dS = scale P (dP - rowsum(P dP)) (zero above the diagonal);  dq = dS k;  dk = dS^T q;
-//           dqkv = merge(dq, dk, dv).
-// The GEMMs compute the full (T,T) products, upper triangles included (2x the causal work; the
-// masked entries are exactly 0 in P and dS, so they add nothing).
-//
-// Row-major (T, x) matrices are column-major (x, T) matrices with leading dimension x, so with
-// Q, K, V, dY (T,hs) and S, P, dP, dS (T,T) row-major per (batch, head), each row-major product is
-// issued as its column-major transpose (m, n, k in cuBLAS terms; "T" = op transposed):
-//   S^T  = K Q^T       A = K  (T), B = Q   (N)   m = T,  n = T, k = hs
-//   Y^T  = V^T P^T     A = V  (N), B = P   (N)   m = hs, n = T, k = T
-//   dV^T = dY^T P      A = dY (N), B = P   (T)   m = hs, n = T, k = T
-//   dP^T = V dY^T      A = V  (T), B = dY  (N)   m = T,  n = T, k = hs
-//   dQ^T = K^T dS^T    A = K  (N), B = dS  (N)   m = hs, n = T, k = T
-//   dK^T = Q^T dS      A = Q  (N), B = dS  (T)   m = hs, n = T, k = T
-// (a row-major S stored as column-major is S^T, so "D = S^T" means the buffer holds S row-major).
-//
-// Precision: scores S and dP are GEMM outputs in fp32 (bf16 inputs, fp32 output and compute) so
-// that the softmax and its backward read them unrounded; P (att) and dS are stored as `dt` because
-// they are GEMM inputs again. In fp32 mode S is written straight into att and the softmax runs in
-// place, and dS overwrites dP in place.
-//
-// Scratch layout (each region 256-byte aligned): q, k, v, y|dy, dq, dk, dv: B*T*C elements of dt
-// each; dP (and S in bf16 mode): B*NH*T*T floats; dS (bf16 mode only): B*NH*T*T bf16. At GPT-2
-// training shapes (B=16, T=1024, C=768, NH=12) that is 1.16 GB in fp32 and 1.38 GB in bf16, the
-// (T,T) regions dominating; one scratch serves every layer.
+// Precision: S and dP are fp32 GEMM outputs; P (att) and dS are stored as `dt` (GEMM inputs
+// again); in fp32 mode the softmax runs in place in att and dS overwrites dP.
+// Scratch (regions 256-byte aligned): q, k, v, y|dy, dq, dk, dv of B*T*C `dt` each, plus the
+// (B,NH,T,T) dP (and S, dS in bf16 mode); one scratch serves every layer (1.16 GB fp32, 1.38 GB
+// bf16 at B=16, T=1024, C=768, NH=12).
+// Formulas, the cuBLAS operand table, layout: docs/cuda.md, "kernels/attention.cu".
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

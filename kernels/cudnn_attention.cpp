@@ -1,53 +1,16 @@
-// cuDNN fused causal attention (kernels/cudnn_attention.h): run-time loading, graph construction with
-// the cuDNN 9 backend API, plan cache, execution.
+// cuDNN fused causal attention (kernels/cudnn_attention.h): run-time loading, graph construction
+// with the cuDNN 9 backend API, plan cache, execution.
 //
-// ---- Where the graph comes from ----
-// cuDNN's fused flash-attention engines are selected by pattern-matching an operation graph. The
-// graphs below follow NVIDIA cudnn-frontend's composite SDPA nodes
-// (include/cudnn_frontend/node/scaled_dot_product_flash_attention.h: CompositeSDPANode and
-// CompositeSDPABackwardNode; node/softmax.h: CompositeSoftmaxNode; utils/attn_score_modifiers.h:
-// causal_mask / padding_mask; the per-op descriptor plumbing of node/{matmul,pointwise,reduction,
-// reshape}.h and cudnn_frontend_{MatMulDesc,ReductionDesc,Operation}.h), for MHA without dropout, bias
-// or ragged layouts, written directly with backend descriptors. Choices and their origin:
-//  * Tensors are 4-D (B, NH, T, hs) strided views into the interleaved buffers: Q, K, V, dQ, dK, dV
-//    strides {T*3C, hs, 3C, 1} at column offsets 0, C, 2C; O, dO {T*C, hs, C, 1}. The backend wants
-//    Kᵀ (and Vᵀ in the backward) as (B, NH, hs, T): the frontend swaps dims 2/3 and their strides.
-//    Every tensor has byte alignment 16 (the frontend's default), unique ids are ours.
-//  * Data types as the frontend's fill_from_context: non-virtual I/O bf16; virtual intermediates
-//    fp32 (matmul outputs, pointwise/reduction outputs), except: the softmax output P fed to the
-//    P·V matmul is bf16 ("bmm2 aType must be the I/O type"), the reshaped Pᵀ and dSᵀ are bf16, GEN_INDEX
-//    outputs int32, comparisons boolean. Stats (our lse) is non-virtual fp32 (B, NH, T, 1), packed.
-//  * Compute types: matmul, reduction and pointwise fp32; GEN_INDEX int32 with AXIS 2 (row) / 3 (col),
-//    CMP_GE boolean (the frontend's causal_mask). Pointwise ops get ALPHA1 = ALPHA2 = 1.0f as the
-//    frontend's OperationBuilder sets them.
-//  * Scalars (attention scale 1/sqrt(hs), the mask fill value, the constant 1) are fp32 tensors
-//    (1,1,1,1) with IS_BY_VALUE; their variant-pack pointers are host addresses.
-//  * Mask fill value: -inf (the frontend uses -inf from cuDNN 9.10 on, lowest() before; we require
-//    9.10.2 or newer: the frontend rejects 9.10.0/9.10.1 for bf16 SDPA forward as buggy).
-//  * Softmax statistics: the frontend's "Stats" output is m + log(l) with m the row maximum and l the
-//    sum of exp(s - m), natural log: exactly our lse = log sum exp(s) (flash_attention.h). The backward
-//    consumes it as exp(S - stats) = P.
-//  * Backward non-virtual extras the frontend keeps in its own workspace and we carve from the
-//    caller's: softmax_sum D (B, NH, T, 1) fp32, the row sums of dO∘O (times a by-value 1); in the
-//    non-deterministic graph also dQ_accum (B, NH, T, hs) fp32 packed, followed by an IDENTITY pointwise
-//    into dQ (since cuDNN 9.6 the backend zeroes dQ_accum itself, so the frontend no longer memsets).
-//    Deterministic (frontend: is_deterministic_algorithm on Hopper -> "use_dp_workspace"): dS·K writes
-//    dQ directly; we also skip engine configs noted NONDETERMINISTIC.
-//  * Workaround kept from the frontend: on cuDNN <= 9.15 with T % 128 != 0 the backward graph gets a
-//    padding mask with per-batch sequence lengths (int32 (B,1,1,1), all = T) and the matmuls get the
-//    m/n/k overrides from them; the lengths live in a small device buffer owned by the plan.
-//  * Operations are listed in the order the frontend creates them (a topological order).
-//  * Plans: heuristics mode A, then FALLBACK; the first engine config whose execution plan finalizes
-//    wins. OPERATIONGRAPH_HANDLE / EXECUTION_PLAN_HANDLE (deprecated in the 9.19 headers in favour of
-//    device properties, still required by older 9.x) are set by numeric value to avoid the warning.
-//
-// ---- cuDNN version requirements ----
-// libcudnn.so.9 >= 9.10.2 (checked). Everything is resolved from the libcudnn.so.9 shim, which
-// exports the backend API, cudnnCreate/SetStream/Destroy, cudnnGetVersion and the error strings and
-// loads libcudnn_graph / _heuristic / _engines_* itself through its RUNPATH $ORIGIN; the engines find
-// NVRTC (the fused attention engines are runtime-compiled) and cuBLASLt through $ORIGIN/../../cuda_nvrtc
-// /lib, $ORIGIN/../../cu13/lib (the pip wheel layout) or the library path. Hopper (sm_90) or Ampere
-// (sm_80) for the fused engines.
+// The graphs are the ones NVIDIA cudnn-frontend builds for its composite SDPA nodes (MHA without
+// dropout, bias or ragged layouts), written directly with backend descriptors on (B, NH, T, hs)
+// strided views of the interleaved buffers. Tensor and compute types, the -inf mask fill, the
+// Stats output (= our lse), the backward's extra buffers carved from the caller's workspace, the
+// cuDNN <= 9.15 padding-mask workaround and the operation order each follow a frontend choice.
+// Plans: heuristics mode A, then FALLBACK; the first engine config whose plan finalizes wins.
+// Requires libcudnn.so.9 >= 9.10.2 (checked; everything is resolved from that shim, which loads
+// the engine libraries itself) and Hopper (sm_90) or Ampere (sm_80) for the fused engines.
+// Every choice and where it comes from, and the library layout: docs/cuda.md,
+// "kernels/cudnn_attention.cpp".
 #if defined(TF_WITH_CUDA)
 #include "kernels/cudnn_attention.h"
 #include "base/dynlib.h"

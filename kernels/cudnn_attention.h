@@ -1,34 +1,18 @@
 // Causal self-attention through cuDNN's fused flash-attention engines (cuDNN 9 graph/backend API),
 // an optional alternative to our own kernels/flash_attention.h with exactly its contract for bf16:
 //   qkv (B,T,3C) bf16: q, k, v side by side per token, NH heads of hs = C/NH (q of head h at columns
-//   [h*hs, (h+1)*hs), k at C + ..., v at 2C + ...); out, dout (B,T,C) bf16 heads concatenated; dqkv like
-//   qkv, overwritten; lse (B,NH,T) fp32 = natural log of each row's softmax denominator,
+//   [h*hs, (h+1)*hs), k at C + ..., v at 2C + ...); out, dout (B,T,C) bf16 heads concatenated; dqkv
+//   like qkv, overwritten; lse (B,NH,T) fp32 = natural log of each row's softmax denominator,
 //   log sum_{s<=t} exp(q_t.k_s / sqrt(hs)). Scale 1/sqrt(hs), causal (key <= query).
-// cuDNN is not linked: libcudnn.so.9 is dlopen()ed on first use (see LoadCudnn in the .cpp for the
-// search order; TRAINFLOW_CUDNN_LIBRARY names the file explicitly). Without cuDNN, without a GPU or
-// with a cuDNN older than 9.10.2, Create() returns a Status saying what was tried.
+// cuDNN is not linked: libcudnn.so.9 is dlopen()ed on first use (search order in LoadCudnn;
+// TRAINFLOW_CUDNN_LIBRARY names the file). Without cuDNN, without a GPU or with a cuDNN older than
+// 9.10.2, Create() returns a Status saying what was tried. Plans are built once per (B, T, C, NH,
+// direction) and cached, so a training step builds nothing. options.deterministic (the default):
+// the backward writes dQ directly (cuDNN's dS workspace, ~400 MB at B=16, T=1024, NH=12); false:
+// dQ accumulated with fp32 atomics (faster, less memory, not bit-reproducible).
+// Graphs, workspace, determinism: docs/cuda.md, "cuDNN attention" and "kernels/cudnn_attention.h".
 //
-// The graphs (kernels/cudnn_attention.cpp has the full list and where each choice comes from) are the
-// ones NVIDIA's cudnn-frontend builds for its composite SDPA nodes on cuDNN 9.x, expressed with
-// backend descriptors on strided views of the interleaved buffers (no transposes, no copies):
-//   forward:  S = Q Kᵀ · scale; causal mask (GEN_INDEX row/col, CMP_GE, BINARY_SELECT -inf);
-//             m = rowmax S; e = exp(S - m); l = rowsum e; stats = m + log l  (= our lse exactly);
-//             O = (e / l) V.
-//   backward: D = rowsum(dO ∘ O); P = exp(S - stats) (masked); dV = Pᵀ dO; dS = P ∘ (dO Vᵀ - D) · scale;
-//             dK = dSᵀ Q; dQ = dS K.
-// Plans are built once per (B, T, C, NH, direction) and cached in the object, so a training step
-// builds nothing. Determinism: with options.deterministic (the default) the backward graph writes dQ
-// directly (cuDNN then uses its "dP workspace" engine, which stores dS in the workspace and computes
-// dQ with a separate GEMM instead of fp32 atomics; workspace B·NH·(⌈T/64⌉·64)·(⌈T/128⌉·128)·2 bytes,
-// 402,653,440 at B=16, T=1024, NH=12 as cuDNN 9.19's engine reports on the host). Determinism comes
-// from that graph shape: engine configurations noted CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC would be
-// skipped, but (per a host planning probe) none of the backward engines carries that note, the
-// fp32-atomic one included — the GPU test `Reproducibility/deterministic` is the real check. With
-// deterministic = false dQ is accumulated in fp32 with atomics (faster, less memory, not
-// bit-reproducible).
-//
-// Thread safety: none; one object per thread/stream user. Not copyable. Only built with the CUDA
-// backend (TF_WITH_CUDA).
+// Thread safety: none; one object per thread/stream user. Not copyable. Only built with TF_WITH_CUDA.
 #pragma once
 #if defined(TF_WITH_CUDA)
 #include <cstddef>

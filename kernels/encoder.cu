@@ -1,22 +1,11 @@
 // CUDA token + position embedding (kernels/encoder.h), fp32 or bf16 storage, fp32 math.
 //
-// encoder_backward design (deterministic, no atomic accumulation, no host synchronisation):
-//  1. IotaKernel writes positions 0..N-1 (N = B*T, position p = b*T + t).
-//  2. cub::DeviceRadixSort::SortPairs sorts (token, position) pairs by token. LSD radix sort is
-//     stable, so positions sharing a token stay in increasing order; and since the pairs are distinct
-//     the sorted sequence is unique, whatever the device or launch configuration (cub's internal
-//     look-back atomics cannot change it).
-//  3. WteGradKernel: one warp per (sorted index i, 128-channel slice; each lane 4 contiguous
-//     channels, one 8/16-byte access, when C % 4 == 0 and the buffers are 16-byte aligned). Only
-//     the warp whose i starts a run of equal tokens works: it reads dwte[token, slice] once, adds dout[p, slice] for every
-//     position p of the run in position order (the lanes fetch 32 positions at a time, broadcast
-//     them, and prefetch their rows into L2 one such chunk ahead), and writes the row back once. Each
-//     dwte element therefore has exactly one writer and is summed as ((dwte + d_p0) + d_p1) + ...,
-//     the CPU's order: fp32 results are bit-identical to cpu::encoder_backward. A hot token is
-//     handled by C/128 warps each walking its whole run: a dependent chain of `count` row loads,
-//     8 in flight, served from L2 by the prefetch (a token on ~1000 of 16K positions: tens of us).
-//  4. WpeGradKernel: one thread per (t, c) (per 16-byte vector of c when aligned) adds dout[b, t, c]
-//     for b = 0..B-1 in order (CPU order).
+// encoder_backward is deterministic, with no atomic accumulation and no host synchronisation:
+// (token, position) pairs are sorted by token (cub::DeviceRadixSort, stable: the order is unique),
+// one warp per (run of equal tokens, 128-channel slice) adds the run's dout rows into dwte in
+// position order (one writer per element, the CPU's order: fp32 results bit-identical to
+// cpu::encoder_backward), and one thread per (t, c) adds dout over b in order into dwpe.
+// Steps, access widths and a hot token's cost: docs/cuda.md, "kernels/encoder.cu".
 #if !defined(TRAINFLOW_CUDA_EMULATION)  // tests/emulator provides a stable-sort cub::DeviceRadixSort
 #include <cub/device/device_radix_sort.cuh>
 #endif

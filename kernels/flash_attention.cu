@@ -1,36 +1,15 @@
-// Fused causal self-attention (kernels/flash_attention.h), FlashAttention-2 style.
+// Fused causal self-attention (kernels/flash_attention.h), FlashAttention-2 style: online softmax,
+// the (T,T) matrices never stored, only the (B,NH,T) log-sum-exp; scores in base 2 inside.
 //
-// Notation per (batch b, head h): Q, K, V, O, dO (T,hs) row-major slices of qkv / out / dout;
-// s = q.k / sqrt(hs); P = causal softmax(s) per row; lse_t = log sum_{s<=t} exp(s_ts) (natural log).
-// Scores are handled in base 2 inside the kernels: x = s * log2(e), p = 2^(x - lse_t*log2(e)).
-//
-// Forward (one CTA per (b,h, query tile), heaviest tiles first): the CTA walks the key tiles
-// 0..(its diagonal), computes S = Q K^T for the tile, keeps a running row maximum m and sum l
-// (online softmax: when m grows, O and l are rescaled by 2^(m_old - m_new)), and adds P V into the
-// fp32 O accumulator. At the end O /= l and lse = (m + log2 l) ln 2. Only the diagonal tile needs a
-// causal mask: tiles start at multiples of the tile size, query and key tiles are the same size.
-//
-// Backward, deterministic, no atomics (FlashAttention-2's algorithm with the dQ accumulation moved
-// to its own pass): D_t = rowsum(dO_t * O_t) (RowDotKernel; = sum_s P_ts dP_ts), then
-//  pass 1, one CTA per (b,h, key tile): for every query tile at or after it:
-//     P^T = exp(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D);  dV += P^T dO;  dK += dS^T Q;
-//  pass 2, one CTA per (b,h, query tile): for every key tile up to the diagonal:
-//     P = exp(S - lse), dP = dO V^T, dS = P (dP - D);  dQ += dS K;
-//  and dK, dQ are scaled by 1/sqrt(hs) at the end. Pass 2 recomputes S and dP (7 tile products in
-//  all instead of 5) in exchange for a fixed summation order and no fp32 dQ scratch.
-//
-// Two implementations of each kernel:
-//  * Tensor cores (bf16, hs = 64 or 128): 4 warps per CTA, each owning 16 rows of the CTA's tile;
-//    tiles of 64 rows; operands in shared memory (rows padded by 8 elements: ldmatrix reads of 8
-//    rows hit 8 distinct 16-byte bank groups), loaded by cp.async (zero-filled past T) and double
-//    buffered (the next tile streams in while the current one is used); products by
-//    mma.sync.m16n8k16 (bf16 in, fp32 accumulate) with operands from ldmatrix(.trans). Score and
-//    probability tiles stay in registers: an m16n8 accumulator pair has exactly the layout of an
-//    m16k16 A operand, so P (and dS) feed the next product after a bf16 conversion.
-//  * SIMT (fp32 storage, any hs <= 128, and the kSimt fallback): 4 warps, 32-row tiles, fp32 tiles
-//    in shared memory (rows padded by one float), thread (row = tid/4, sub = tid%4) owns columns
-//    sub, sub+4, ... of its row; quads reduce the row max/sum by shuffles.
-// Rows past T: loaded as zeros (finite scores, zero V/dO contributions), masked, never stored.
+// Forward: one CTA per (b,h, query tile), heaviest tiles first, walking the key tiles up to the
+// diagonal (only the diagonal tile is masked). Backward, deterministic, no atomics: RowDotKernel
+// (D = rowsum(dO * O)), pass 1 per key tile (dK, dV), pass 2 per query tile (dQ), which recomputes
+// S and dP (7 tile products instead of 5) for a fixed summation order and no fp32 dQ scratch.
+// Two implementations of each kernel: tensor cores (bf16, hs 64/128: 4 warps, 64-row tiles,
+// mma.sync.m16n8k16 on ldmatrix operands, cp.async double buffering, P and dS kept in registers)
+// and SIMT (fp32 storage, any hs <= 128, and the kSimt fallback: 32-row fp32 tiles). Rows past T
+// are loaded as zeros, masked, never stored.
+// Algorithm, tile layouts, shared memory, registers: docs/cuda.md, "Flash attention".
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -1,20 +1,12 @@
 // CUDA LayerNorm over the last dimension (kernels/layernorm.h), fp32 or bf16 storage, fp32 math.
 //
-// Forward: one warp per row; two passes over the row in fp32 like the CPU (mean, then the centred
-// variance, so no cancellation), the row re-read from L1/L2; warp sums by xor-butterfly shuffles,
-// which leave the identical sum in every lane (IEEE addition is commutative).
-//
-// Backward, two kernels, deterministic (no atomics):
-//  1. LayerNormBackwardKernel: block g owns rows [g*kRowsPerBlock, (g+1)*kRowsPerBlock); each of its
-//     W warps takes rows warp, warp+W, ... in order, accumulates dinp for its row, and adds the row's
-//     dweight/dbias terms into its own shared-memory accumulators (lane l owns the V-channel vectors
-//     l, l+32, ...: no sharing). The block then adds its W warp accumulators in warp order and writes the partial
-//     sums of dweight and dbias for group g to scratch (2, R, C), R = ceil(N / kRowsPerBlock).
-//  2. ParamGradKernel: per channel, 32 threads each add every 32nd group in order, then one thread
-//     adds those 32 values in order and accumulates into dweight/dbias.
-// W depends only on C, R only on N, so the summation order is fixed by the shape (and by whether the
-// 16-byte path is taken: C % 8 == 0 (bf16) or C % 4 == 0 (fp32) with 16-byte-aligned pointers,
-// as every planned model buffer is; otherwise the same kernels run with scalar accesses).
+// Forward: one warp per row, two fp32 passes (mean, then the centred variance) like the CPU.
+// Backward, deterministic (no atomics): LayerNormBackwardKernel writes dinp and, per group of
+// kRowsPerBlock rows, partial dweight/dbias sums (warp-private shared-memory accumulators added in
+// warp order) to scratch (2, R, C), R = ceil(N / kRowsPerBlock); ParamGradKernel adds the groups
+// in a fixed order into dweight/dbias. The summation order is fixed by the shape and by whether
+// the 16-byte path is taken (C % 8 == 0 bf16 / C % 4 == 0 fp32 with 16-byte-aligned pointers;
+// otherwise the same kernels use scalar accesses). Details: docs/cuda.md, "kernels/layernorm.cu".
 #include <algorithm>
 
 #include "kernels/cuda_common.cuh"

@@ -1,52 +1,16 @@
-// CUDA linear layers (kernels/matmul.h): cuBLASLt GEMMs with fused bias / GELU epilogues, a classic
-// cuBLAS path with separate epilogue kernels, and a deterministic bias-gradient reduction.
+// CUDA linear layers (kernels/matmul.h): cuBLASLt GEMMs with fused bias / GELU / residual / DGELU
+// epilogues, a classic cuBLAS path with separate epilogue kernels, and a deterministic
+// bias-gradient reduction.
 //
-// Row-major vs cuBLAS's column-major: a row-major (R, K) matrix in memory is the column-major
-// (K, R) matrix with leading dimension K, i.e. its transpose. So each row-major product Y = X W^T is
-// issued as the column-major product Y^T = W X^T, with no data movement:
-//   forward  out^T   (OC,N) =  W    (OC,C)  . inp^T  (C,N)    A = weight (transposed), B = inp
-//   backward dinp^T  (C,N)  += W^T  (C,OC)  . dout^T (OC,N)   A = weight, B = dout  (or = , see below)
-//            dweight^T (C,OC) += inp^T (C,N) . dout  (N,OC)   A = inp,    B = dout (transposed)
-// (The bias vector runs along the column-major rows of out^T, i.e. along OC, as cuBLASLt's
-// CUBLASLT_EPILOGUE_BIAS broadcasts it.)
-//
-// GELU fusion (pre_gelu != nullptr): CUBLASLT_EPILOGUE_GELU_AUX_BIAS writes out = GELU(x W^T + b)
-// and stores the GELU input x W^T + b in pre_gelu (the auxiliary matrix, leading dimension OC,
-// element type = the output's). The cublasLtEpilogue_t table (its GELU footnote) documents the tanh
-// form, 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))), which math::gelu also computes, but not bit for
-// bit: math::gelu builds tanh from math::fast_exp while the library uses its own tanh (llm.c and
-// Transformer Engine likewise pair this epilogue with the tanh form's derivative). Should a library
-// version differ (the erf form is ~5e-4 absolute away), the test still tells: it checks the fused
-// output with a looser tolerance (2e-3 relative) and prints how far it is from each form; pre_gelu
-// is an exact GEMM + bias and feeds the backward's GELU derivative (math::gelu_grad, or the
-// library's own in the DGELU epilogue below). The unfused
-// path (BiasGeluKernel) applies math::gelu exactly. cuBLASLt requires the aux leading dimension to
-// be a multiple of 8, so OC % 8 != 0 (or a pre_gelu not 16-byte aligned) takes the unfused path.
-//
-// Residual fusion (residual != nullptr): out = x W^T + b + residual as one cuBLASLt call, the
-// residual passed as the C matrix with beta = 1 (C and D may be different buffers with the same
-// layout); the classic path copies the residual into out first and accumulates with beta = 1.
-//
-// DGELU (MatmulBackwardOptions::dgelu_pre): the dinp GEMM with CUBLASLT_EPILOGUE_DGELU, aux = the
-// forward's GELU input, computes (dout W) * GELU'(pre) in the epilogue, so the (N, 4C) gradient is
-// written once instead of written, read, and written again by a separate GELU-backward kernel.
-// The derivative is the library's (pairs with its forward GELU); the fallback applies
-// math::gelu_grad (cuda::gelu_backward in place, kernels/elementwise.h), exactly what the unfused
-// model does.
-//
-// Fallback: cuBLASLt may report that it has no algorithm for a configuration (an odd shape, an
-// epilogue it does not support for fp32, an unaligned pointer); such calls run the classic path,
-// cublasGemmEx plus BiasGeluKernel, which handles every shape. Real errors are returned.
-// Every cuBLASLt call builds its (cheap) descriptors; the heuristic is asked once per distinct
-// configuration and its answer kept in the context (CublasContext::lt_algo_cache), so steady-state
-// steps spend no host time in heuristics and always run the same algorithms.
-//
-// dbias: cuBLASLt's CUBLASLT_EPILOGUE_BGRADB would fuse the column sum into the dweight GEMM, but
-// it overwrites the bias gradient (no +=), stores it in the output type (bf16 in mixed precision),
-// and its reduction order is the library's. Instead a two-kernel column sum: BiasPartialSumKernel
-// sums fixed row slices of dout in fp32 into dbias_scratch (slice count and order depend only on
-// N), then BiasReduceKernel adds the slices in order into dbias. Deterministic run to run and GPU to
-// GPU, accumulating, and fp32 until the single final rounding.
+// Each row-major product is issued as its column-major transpose (Y = X W^T as Y^T = W X^T), with
+// no data movement. The fused GELU is the library's (the documented tanh form, not bit-identical to
+// math::gelu); it needs OC % 8 == 0 and a 16-byte-aligned pre_gelu, otherwise the unfused path
+// (BiasGeluKernel, math::gelu exactly) runs. A configuration cuBLASLt has no algorithm for runs
+// the classic path (cublasGemmEx + epilogue kernels, any shape); real errors are returned. The
+// heuristic is asked once per configuration and cached (CublasContext::lt_algo_cache). dbias is
+// our own two-kernel fp32 column sum in a fixed order (BiasPartialSumKernel, BiasReduceKernel),
+// not BGRADB: deterministic and accumulating.
+// Operand mapping, each epilogue and why: docs/cuda.md, "kernels/matmul.cu".
 #include <algorithm>
 #include <cstdint>
 #include <string>

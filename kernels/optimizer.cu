@@ -1,25 +1,13 @@
 // CUDA global gradient norm (sum of squares) and fused AdamW step (kernels/optimizer.h).
 //
-// sum_squares, deterministic two-stage reduction without atomics or host synchronisation:
-//  1. SumSquaresPartialKernel: P = min(kMaxPartials, ceil(n / kBlock)) blocks (a function of n only,
-//     never of the device) of kBlock threads; thread k of the grid sums g[k], g[k + P*kBlock], ... in
-//     fp32 (with 16-byte-aligned g: the 16-byte vectors k, k + P*kBlock, ..., then the n % V tail
-//     elements one per thread), and the block adds its threads' sums in double by a fixed shuffle tree into partial[block].
-//  2. SumSquaresFinalKernel: one block adds the P partials in double (fixed strided subsets, then the
-//     same fixed tree) and writes the result.
-//  Precision: each thread sums at most ceil(n / (P*kBlock)) non-negative terms (~475 for GPT-2 124M),
-//  so its fp32 relative error is ~sqrt(475) * 2^-24 ~ 1e-6 (no cancellation: all terms >= 0), far
-//  below what clipping needs; everything above the thread level is double. fp32 in the hot loop keeps
-//  the kernel DRAM-bound on every GPU (fp64 is 1/64 rate on non-datacentre parts).
-//
-// adamw_step: one thread per parameter (grid-stride), math::adamw_update on the fp32 master.
-// adamw_step_ranges: the same update over the whole flat buffer in one launch (a model has ~100
-// decay runs; one launch each costs a few microseconds of GPU time per run). Block b owns the chunk
-// [b * kAdamChunk, (b + 1) * kAdamChunk) (4 parameters per access when aligned); its threads find
-// the chunk's first run by binary search over range_ends (identical for every thread of the block)
-// and walk forward from there. The clip
-// factor is evaluated per thread from the device sum of squares, so the step needs no host
-// synchronisation between the norm and the update.
+// sum_squares: deterministic two-stage reduction without atomics or host synchronisation
+// (SumSquaresPartialKernel: a grid sized by n only, fp32 sums per thread, double across the block
+// by a fixed shuffle tree; SumSquaresFinalKernel: one block adds the partials in double in a fixed
+// order). adamw_step: one thread per parameter, math::adamw_update on the fp32 master.
+// adamw_step_ranges: the same update over the whole flat buffer in one launch; each block finds
+// its chunk's first decay run by binary search over range_ends, and the clip factor is evaluated
+// on the device from the sum of squares, so no host sync sits between the norm and the update.
+// Precision argument and the chunk layout: docs/cuda.md, "kernels/optimizer.cu".
 #include <algorithm>
 
 #include "kernels/cuda_common.cuh"

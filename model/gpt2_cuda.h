@@ -3,21 +3,13 @@
 // one compute stream. Same layout (model/parameters.h), math and data contract as the CPU GPT2; the
 // storage dtype is fp32 (for checking against the CPU) or bf16 (mixed precision: bf16 parameters,
 // activations and gradients; fp32 master weights and AdamW moments; fp32 accumulation).
+// GPT2CudaOptions: attention (flash by default, or the GEMM baseline), activation recomputation
+// (bit-identical to storing) and epilogue fusions; EstimateMemory() gives a plan's device bytes
+// without a device. Both: docs/cuda.md (the model, "Memory plan").
 //
-// Options (GPT2CudaOptions): the attention implementation (fused flash kernels by default, which
-// store only a (B,NH,T) log-sum-exp per layer, or the GEMM baseline, which stores the (B,NH,T,T)
-// probabilities) and activation recomputation (0: store everything; 1: recompute the GELU output
-// in backward from the stored pre-activation; 2: also recompute the LayerNorm outputs ln1/ln2 from
-// the stored residual stream). Recomputation re-runs the forward kernels on the same inputs, so the
-// results are bit-identical to recompute 0; it trades one GELU (and two LayerNorm) kernel per layer
-// for the memory of those activations. EstimateMemory() gives the device bytes of a plan without a
-// device.
-//
-// Streams: compute_stream() runs every kernel of the model; comm_stream() (data-parallel gradient
-// reduction) and copy_stream() (checkpoint snapshots) are created at Create() for the engine's use
-// and never used by the model itself. Work on them is ordered against the compute stream with
-// events, e.g. cudaStreamWaitEvent(comm_stream(), backward_done_event()).
-//
+// Streams: compute_stream() runs every kernel of the model; comm_stream() (gradient reduction) and
+// copy_stream() (checkpoint snapshots) are for the engine, never used by the model, and ordered
+// against compute with events, e.g. cudaStreamWaitEvent(comm_stream(), backward_done_event()).
 // Ownership: owns every device buffer, the three streams, the event and the cuBLAS context. Not
 // copyable. Thread safety: none; one host thread drives it (other threads may only use the
 // streams/pointers handed out, with their own synchronisation). Only built with the CUDA backend.

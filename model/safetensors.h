@@ -1,20 +1,16 @@
 // Safetensors reader and writer (generic: knows nothing about GPT-2 or parameter names).
-//
-// Format (specified in docs/formats.md, "Safetensors"): an 8-byte little-endian u64 header
-// length N, N bytes of UTF-8 JSON mapping tensor names to {"dtype", "shape", "data_offsets"}
-// (plus an optional "__metadata__" string->string map), then the data buffer; offsets are
-// relative to the start of the data buffer, which every tensor must cover exactly.
+// Format: docs/formats.md, "Safetensors" (an 8-byte little-endian u64 header length, a UTF-8 JSON
+// header of {"dtype", "shape", "data_offsets"} per tensor plus optional "__metadata__", then the
+// data buffer, which the tensors must cover exactly).
 //
 // Reading accepts F32, F16 and BF16 and always returns float32 in memory. Writing produces F32
 // (default), F16 or BF16, with the header padded with spaces so the data buffer starts at a
-// multiple of 8 bytes. Files are written atomically (Env::WriteFileAtomically), so a crash or a full
-// disk never leaves a half-written file under the final name.
-//
+// multiple of 8 bytes. Files are written atomically (Env::WriteFileAtomically), so a crash or a
+// full disk never leaves a half-written file under the final name.
 // Errors (never exits, never throws): a missing file is NotFound; a file whose bytes do not
 // follow the format is Corruption; a well-formed file using a dtype this reader does not convert
 // (F64, I32, ...) is InvalidArgument; OS failures are IOError. Every message names the file and,
 // where there is one, the tensor and the field.
-//
 // Thread safety: the functions share no state; concurrent calls on different paths are safe.
 #pragma once
 

@@ -1,19 +1,16 @@
 #!/usr/bin/env bash
-# Step time of GPT-2 124M data-parallel training on 2 CPU ranks whose link is slowed to a cluster-
-# like bandwidth, for each gradient codec and for `auto` (issue #4's benchmark; bench/RESULTS.md).
+# Step time of GPT-2 124M data-parallel training on 2 CPU ranks joined by a slow link, for each
+# gradient codec and for `auto` (bench/RESULTS.md, "Data parallelism: gradient codecs").
 #
-# How the link is slowed: both ranks run on this machine and talk MPI over TCP (--mca btl tcp,self)
-# to this host's first global IPv4 address; that traffic passes through the loopback device, where
-# an HTB class limited to 2 x LINK_GBIT Gbit/s (shared by the two directions, so each direction of
-# a symmetric collective gets LINK_GBIT) shapes it. PMIx/launcher traffic on 127.0.0.1 is not
-# shaped. Needs root (tc); removes its qdisc on exit. The measured collective bandwidth is printed
-# first so the emulated link can be checked.
-#
-# (The interface is named by name: Open MPI 4.1's TCP BTL stalled on large messages when given
-# a /32 address here.)
+# The link: two network namespaces (tfslow-a 10.231.0.1, tfslow-b 10.231.0.2) joined by a veth
+# pair whose two ends are each shaped to LINK_GBIT Gbit/s (tbf), so every direction gets the
+# bandwidth a cluster link gives it. mpirun runs in tfslow-a and starts the second "host" through
+# scripts/netns_rsh.sh; all MPI traffic (launcher and TCP BTL) stays on 10.231.0.0/24, nothing
+# leaves this machine. Needs root (ip netns, tc); removes the namespaces on exit. The measured
+# collective bandwidth is printed first so the emulated link can be checked.
 #
 # Usage: scripts/bench_slow_link.sh [steps]     env: LINK_GBIT (default 1; 0 = unshaped shared
-#        memory, the fast-link reference), CODECS, MODEL, B, T
+#        memory on one host, the fast-link reference), CODECS, MODEL, B, T
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -27,28 +24,38 @@ BUILD="${BUILD:-build}"
 [[ -x "$BUILD/trainflow" && -x "$BUILD/bench/collectives_mpi_bench" ]] || {
   echo "bench_slow_link: build first (scripts/build.sh; needs $BUILD/trainflow and collectives_mpi_bench)" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || { echo "bench_slow_link: needs root for tc" >&2; exit 1; }
-IFACE=$(ip -4 -o addr show scope global | awk '{print $2}' | head -1)
-IP=$(ip -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -1)
-[[ -n "$IP" ]] || { echo "bench_slow_link: no global IPv4 address to route MPI traffic through" >&2; exit 1; }
 [[ -f data/fortunes/train.bin ]] || ./"$BUILD"/trainflow prepare --input /usr/share/games/fortunes --delimiter % \
   --val-fraction 0.05 --out-dir data/fortunes >/dev/null
 
-cleanup() { tc qdisc del dev lo root 2>/dev/null || true; }
+NS_A=tfslow-a NS_B=tfslow-b NET=10.231.0
+cleanup() { ip netns del "$NS_A" 2>/dev/null || true; ip netns del "$NS_B" 2>/dev/null || true; }
 trap cleanup EXIT
 cleanup
 if [[ "$LINK_GBIT" == "0" ]]; then
   # The fast-link reference: MPI's default transport (shared memory between the two ranks).
-  MPI=(mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x OMP_WAIT_POLICY=PASSIVE)
+  MPI=(mpirun --allow-run-as-root --oversubscribe --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo -np 2
+       -x OMP_NUM_THREADS=1 -x OMP_WAIT_POLICY=PASSIVE)
   echo "== link: unshaped, MPI's default transport (shared memory)"
 else
-  RATE="$((2 * LINK_GBIT))gbit"
-  tc qdisc add dev lo root handle 1: htb default 10 r2q 100000
-  tc class add dev lo parent 1: classid 1:10 htb rate 100gbit burst 4m cburst 4m
-  tc class add dev lo parent 1: classid 1:20 htb rate "$RATE" ceil "$RATE" burst 256k cburst 256k
-  tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip dst "$IP/32" flowid 1:20
-  MPI=(mpirun --allow-run-as-root --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include "$IFACE" -np 2
+  ip netns add "$NS_A"
+  ip netns add "$NS_B"
+  ip link add tfslow-va type veth peer name tfslow-vb
+  ip link set tfslow-va netns "$NS_A"
+  ip link set tfslow-vb netns "$NS_B"
+  ip -n "$NS_A" addr add "$NET.1/24" dev tfslow-va
+  ip -n "$NS_B" addr add "$NET.2/24" dev tfslow-vb
+  for pair in "$NS_A tfslow-va" "$NS_B tfslow-vb"; do
+    read -r ns dev <<<"$pair"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set "$dev" up
+    tc -n "$ns" qdisc add dev "$dev" root tbf rate "${LINK_GBIT}gbit" burst 1mb latency 100ms
+  done
+  HOSTS="$(mktemp)"
+  printf "%s.1 slots=1\n%s.2 slots=1\n" "$NET" "$NET" >"$HOSTS"
+  MPI=(ip netns exec "$NS_A" mpirun --allow-run-as-root --hostfile "$HOSTS" --mca plm_rsh_agent "$ROOT/scripts/netns_rsh.sh"
+       --mca oob_tcp_if_include "$NET.0/24" --mca btl tcp,self --mca btl_tcp_if_include "$NET.0/24" -np 2
        -x OMP_NUM_THREADS=1 -x OMP_WAIT_POLICY=PASSIVE)
-  echo "== link: MPI over TCP to $IP, loopback shaped to $RATE shared (~${LINK_GBIT} Gbit/s per direction)"
+  echo "== link: two namespaces joined by a veth pair, each direction shaped to ${LINK_GBIT} Gbit/s"
 fi
 "${MPI[@]}" "$BUILD/bench/collectives_mpi_bench" --benchmark_filter='AllReduce/16777216' 2>&1 | grep -E "AllReduce" || true
 
@@ -60,7 +67,7 @@ for c in $CODECS; do
   "${MPI[@]}" "$BUILD/trainflow" train --model "$MODEL" --train configs/train/fortunes.json --max_steps "$STEPS" \
     --batch_size "$B" --seq_len "$T" --warmup_steps 2 --lr 6e-4 --min_lr 6e-5 --eval_interval 0 --sample_tokens 0 \
     --shuffle false --log_interval 1 --compression "$c" --out_dir "$d" >"$d.log" 2>&1 || { echo "$c failed:"; tail -5 "$d.log"; continue; }
-  chosen=$(grep -o "compression [a-z0-9:.-]* (auto[^)]*)" "$d.log" || true)
+  chosen=$(grep -o "compression [a-z0-9:.-]* (auto.*" "$d.log" | head -1 || true)
   read -r ms exposed sent loss < <(python3 - "$d/metrics.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]

@@ -16,7 +16,7 @@ export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_erro
 cd "$BUILD"
 "$BUILD/tests/emulator/all_cuda_tests_emu" --gtest_filter="$FILTER"
 for np in 2 3; do
-  mpirun --allow-run-as-root --oversubscribe -np "$np" -x ASAN_OPTIONS -x UBSAN_OPTIONS -x CUEMU_DEVICES="$np" \
+  mpirun --allow-run-as-root --oversubscribe --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo -np "$np" -x ASAN_OPTIONS -x UBSAN_OPTIONS -x CUEMU_DEVICES="$np" \
     -x TRAINFLOW_NCCL_LIBRARY="$BUILD/tests/emulator/libcuemu_nccl.so" \
     "$BUILD/tests/emulator/data_parallel_cuda_mpi_test_emu"
 done

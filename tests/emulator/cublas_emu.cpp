@@ -1,48 +1,18 @@
 // cublas_emu: a CPU implementation of the part of the cuBLAS and cuBLASLt C APIs that TrainFlow
 // calls, for the CUDA emulator (tests/emulator/cuemu.h): emulator binaries link this file instead
-// of libcublas / libcublasLt. The functions are defined against the real <cublas_v2.h> and
-// <cublasLt.h> with their exported names (cublasCreate is the macro cublasCreate_v2, and so on).
+// of libcublas / libcublasLt; the functions carry the real headers' exported names.
 //
-// Semantics are cuBLAS's (docs.nvidia.com/cuda/cublas): column-major matrices, op(A) m x k,
-// op(B) k x n, D = epilogue(alpha op(A) op(B) + beta C), C and D separate or the same buffer. "Device
-// memory" is host memory and every call runs to completion, synchronously, on the calling host
-// thread (the stream argument is only recorded), so results are visible as soon as a call returns.
-//
-// Numerics: elements are converted to float, products are accumulated in float (cuBLAS's
-// CUBLAS_COMPUTE_32F accumulator) in k order, one sequential sum per output element, so results
-// are bit-identical for any thread count; alpha, beta, C, the bias and the epilogue are applied in
-// float and the result is rounded once to D's type (bf16 and fp16: round to nearest even). A GPU
-// sums in another order (tiles, split-K), so agreement with a real GPU is to rounding, not bits.
-// Epilogue GELU is the tanh form NVIDIA documents, 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))), in
-// float with std::tanh (the library's own tanh differs in the last bits). CUBLAS_COMPUTE_32F_FAST_TF32
-// / _FAST_16BF / _FAST_16F (and the classic handle's CUBLAS_TF32_TENSOR_OP_MATH / deprecated
-// CUBLAS_TENSOR_OP_MATH) round A and B to TF32 / bf16 / fp16 first (to nearest even), the worst case
-// the documentation allows; _EMULATED_16BFX9 is plain fp32.
-//
-// Implemented: handles, streams, workspaces, math and pointer modes; cublasGemmEx and
-// cublasGemmStridedBatchedEx (and their _64 forms); cuBLASLt handles, matmul / layout / preference
-// descriptors with Set/GetAttribute, cublasLtMatmulAlgoGetHeuristic (one algorithm, no workspace)
-// and cublasLtMatmul with strided batches, COL or ROW order, every pointer mode, and the epilogues
-// DEFAULT, RELU, BIAS, RELU_BIAS, GELU, GELU_AUX, GELU_BIAS, GELU_AUX_BIAS, DGELU, DGELU_BGRAD,
-// BGRADA, BGRADB. Types: A/B/C/D CUDA_R_32F, CUDA_R_16BF and CUDA_R_16F in the combinations the
-// documentation lists for the CUBLAS_COMPUTE_32F family.
-// Not implemented (CUBLAS_STATUS_NOT_SUPPORTED, where the real library may succeed): compute types
-// 16F / 32I / 64F, complex and FP8/FP4 types, the ReLU bit-mask epilogues (RELU_AUX*, DRELU*),
-// pointer-array and grouped batches, planar complex. Functions not defined here (Sgemm, algorithm
-// enumeration, ...) fail to link rather than misbehave.
-//
-// Checks: arguments the real library rejects return its status (bad sizes, leading dimensions,
-// enums, type combinations, descriptor conflicts). Where a real GPU would instead fault or corrupt
-// memory, this file returns an error and says why on stderr: null or misaligned operands, an
-// operand outside every live device allocation, a heuristic algorithm run on pointers less aligned
-// than its query promised. The allocation and stream checks use two optional hooks,
-// cuemu::InAllocation(p, bytes) and cuemu::ValidStream(s) (weak references: linked in when the
-// emulator runtime defines them with external linkage, skipped otherwise). CUBLASLT_LOG_LEVEL >= 1
-// or CUBLAS_LOGINFO_DBG=1 also prints the reason for every other error status.
+// Semantics are cuBLAS's (column-major, D = epilogue(alpha op(A) op(B) + beta C)); every call runs
+// to completion on the calling host thread (the stream is only recorded). fp32 accumulation in k
+// order and one rounding to D's type, bit-identical for any thread count; GELU is the documented
+// tanh form; the FAST_TF32 / _16BF / _16F compute types round A and B first. Unsupported types and
+// epilogues return CUBLAS_STATUS_NOT_SUPPORTED, undefined functions fail to link; bad arguments get
+// the real library's status, and what would fault on a GPU (null, misaligned, out-of-allocation
+// operands) an error explained on stderr. Full lists: docs/cuda.md, "tests/emulator/cublas_emu.cpp".
 //
 // Thread safety: as cuBLAS's: handles and descriptors may be used from several threads as long as
-// one handle / descriptor is not changed while another thread uses it. GEMMs parallelise over
-// columns of D with OpenMP when it is enabled.
+// one is not changed while another thread uses it. GEMMs parallelise over columns of D with OpenMP
+// when it is enabled.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>

@@ -1,26 +1,16 @@
 // cuemu: a CPU emulator for TrainFlow's CUDA kernels, so that the kernels and the GPU model code
 // run (slowly) in CI, which has the CUDA toolkit but no GPU. It is a test tool, not a backend.
 //
-// How: tests/emulator/cu_to_cpp rewrites each kernels/*.cu and comm/*.cu into C++ that g++
-// compiles with this header included first: `kernel<<<grid, block, smem, stream>>>(args)` becomes
+// tests/emulator/cu_to_cpp rewrites each kernels/*.cu and comm/*.cu into C++ that g++ compiles
+// with this header included first: `kernel<<<grid, block, smem, stream>>>(args)` becomes
 // `::cuemu::Launch(grid, block, smem, stream).Run(kernel)(args)` and `extern __shared__ T x[]` a
-// pointer to the block's dynamic shared memory. A launch runs its blocks one after another; the
-// threads of a block are fibers on one host thread, switched only at synchronisation points
-// (__syncthreads, warp intrinsics, ldmatrix/mma), so every CUDA thread sees the others' shared-memory
-// writes exactly when a barrier says it may. Warp collectives gather all 32 lanes' operands and
-// compute the PTX-specified result (shuffles, ballots, ldmatrix, mma.m16n8k16 fragments).
-// cp.async copies are deferred to the cp.async.wait_group that covers them (the latest moment
-// the hardware may complete them), so a read before the wait sees stale data, as it can on a GPU.
-// Device memory is host memory filled with 0xFF (NaN) on allocation, dynamic shared memory is
-// filled with 0xFF at the start of each block; streams execute every operation at once.
-//
-// What it checks: indexing, fragment layouts, masking, barrier placement that a sequential
-// schedule can expose, launch configuration (block size, grid limits, dynamic shared memory above
-// 48 KiB without cudaFuncSetAttribute, the 227 KiB opt-in limit), warp intrinsics called with
-// exited lanes in their mask, divergent __syncthreads (reported as a deadlock). What it cannot
-// check: timing, the memory model between concurrently running blocks, bank conflicts, register
-// pressure, occupancy, anything in inline PTX it does not model, or the real libraries' numerics
-// (cuBLAS/cuBLASLt are emulated by tests/emulator/cublas_emu.cpp; cuDNN and NCCL are not).
+// pointer to the block's dynamic shared memory. Blocks run one after another; a block's threads
+// are fibers on one host thread, switched only at synchronisation points (__syncthreads, warp
+// intrinsics, ldmatrix/mma); warp collectives compute the PTX result from all 32 lanes; cp.async
+// copies complete at the wait_group that covers them. Device memory is host memory, 0xFF (NaN)
+// on allocation, dynamic shared memory 0xFF per block; streams execute at once. cuBLAS(Lt) and
+// NCCL are emulated (cublas_emu.cpp, nccl_emu.cpp), cuDNN is not. What it checks and cannot:
+// docs/cuda.md, "The CPU emulator" and "tests/emulator/cuemu.h".
 //
 // Thread safety: launches from different host threads are serialised (one emulated GPU).
 #pragma once

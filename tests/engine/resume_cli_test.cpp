@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <thread>
 
@@ -134,6 +136,23 @@ TEST_F(ResumeTest, StopAtStepThenResumeIsBitIdentical) {
   auto st = ReadSafetensors(Path("first/model.safetensors"));
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_EQ(st->metadata.at("trainflow.step"), "4");
+}
+
+// Resuming into the same out_dir from a state older than the last recorded step (the run went on
+// and died) drops the later records, so metrics.jsonl holds every step exactly once.
+TEST_F(ResumeTest, ResumeIntoSameDirKeepsOneRecordPerStep) {
+  const RunResult full = Run(TrainArgs("full", {}));
+  ASSERT_EQ(full.exit_code, 0) << full;
+  ASSERT_EQ(Run(TrainArgs("same", {"--stop_at_step", "3"})).exit_code, 5);
+  fs::copy_file(Path("same/train_state.safetensors"), Path("state3.safetensors"));
+  const RunResult on = Run(TrainArgs("same", {"--resume_state", Path("state3.safetensors"), "--stop_at_step", "6"}));
+  ASSERT_EQ(on.exit_code, 5) << on;
+  std::ofstream(Path("same/metrics.jsonl"), std::ios::app) << "{\"step\": 7, \"loss\"";  // torn by a crash
+  const RunResult resumed = Run(TrainArgs("same", {"--resume_state", Path("state3.safetensors")}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed;
+  const std::string text = ReadAll(Path("same/metrics.jsonl"));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), kSteps) << text;
+  EXPECT_EQ(StepRecords(text), StepRecords(ReadAll(Path("full/metrics.jsonl"))));
 }
 
 TEST_F(ResumeTest, ResumeRefusesAChangedTrajectory) {

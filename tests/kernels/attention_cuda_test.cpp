@@ -1,19 +1,13 @@
 // CUDA causal self-attention (kernels/attention.cu) against the CPU backend (kernels/attention.cpp),
-// fp32 and bf16.
-//
-// Tolerances (test::ExpectClose, relative with the tensor's RMS as a floor):
-//  * fp32, 1e-4: the GEMMs accumulate in fp32 over at most max(T, hs) = 256 terms here and differ
-//    from the CPU's only in summation order (~sqrt(256) * 2^-24 = 1e-6 relative); the softmax runs
-//    the same math::fast_exp. 1e-4 keeps a wide margin and still catches TF32 (errors ~5e-4).
-//  * bf16: q, k, v, dout and the outputs are stored in bf16 (2^-9 relative per rounding), and so
-//    are P (att) and dS, which feed the second GEMM of each pass. The CPU gets the same rounded
-//    inputs, and its backward gets the device's att (the backward's contract takes att as an input).
-//    att: 1e-2 per element (one rounding). out and dqkv: test::ExpectAttentionClose, the flash
-//    tests' rule (normwise under 1e-2; per element 2e-2 forward, 5e-2 backward): out sums T
-//    products with bf16-rounded P, dQ and dK with the bf16-rounded dS, whose rows cancel
-//    (sum_s dS[t][s] = 0), so single small entries exceed 1e-2 of their bound. Seen first in the
-//    CPU emulator (tests/emulator): 2 of 49k dqkv entries at 2.0e-2 (B=2 T=64 C=128), 5 of 197k
-//    outputs above 1e-2 (B=1 T=256 C=768).
+// fp32 and bf16 (test::ExpectClose: relative, with the tensor's RMS as a floor).
+//  * fp32, 1e-4: fp32 GEMMs over at most 256 terms differ only in summation order (~1e-6) and the
+//    softmax runs the same math::fast_exp; still catches TF32 (~5e-4).
+//  * bf16: inputs, outputs, P (att) and dS are stored in bf16 (2^-9 per rounding); the CPU gets the
+//    same rounded inputs and the device's att for its backward. att: 1e-2 per element. out and
+//    dqkv: test::ExpectAttentionClose, the flash tests' rule (normwise < 1e-2; per element 2e-2
+//    forward, 5e-2 backward), since sums with bf16-rounded P and cancelling dS rows push single
+//    small entries past 1e-2 (seen in the emulator: 2 of 49k dqkv entries at 2.0e-2 at B=2 T=64
+//    C=128, 5 of 197k outputs above 1e-2 at B=1 T=256 C=768).
 // Outputs are NaN-poisoned: every element of out, att (upper triangle included) and dqkv must be
 // written.
 #include <cmath>

@@ -1,26 +1,16 @@
 // The fused flash attention (kernels/flash_attention.cu) against the CPU attention
-// (kernels/attention.cpp) and a float64 log-sum-exp, for each implementation: fp32 storage (SIMT
-// kernels), bf16 storage on tensor cores (hs 64 and 128; other head sizes take the SIMT kernels),
-// and bf16 forced onto the SIMT kernels.
-//
-// Tolerances. fp32: test::ExpectClose (per element, relative with the tensor's RMS as a floor) at
-// 1e-4: fp32 math throughout; differences from the CPU come from summation order (dot products over
-// hs, sums over up to T = 1024 keys: ~sqrt(1024) * 2^-24 ~ 2e-6 relative) and exp2f against
-// math::fast_exp (a few ulp). A TF32-like precision loss would show as ~1e-3.
-// bf16: the normwise relative error ||got - want|| / ||want|| must stay under 1e-2, and every element
-// within 2e-2 (forward) / 5e-2 (backward) of the RMS-floored bound. Inputs are rounded to bf16 on
-// both sides; the device additionally rounds its outputs (unit roundoff of bf16's 8-bit significand:
-// 2^-8 = 3.9e-3), on tensor cores the probabilities P and dS before their second product (as every
-// bf16 tensor-core attention does), and the backward's row sums D = rowsum(dO * O) use the bf16
-// forward output. These roundings are independent per term, so the normwise error stays ~3e-3
-// (measured in a host emulation of the kernels), while single elements whose sum cancels (small
-// dK/dQ entries) reach ~2.5e-2 of the RMS floor: the per-element bound is loose by necessity, and
-// layout or masking bugs (errors of O(1)) fail both checks. The SIMT fp32 variant checks the
-// algorithm itself at 1e-4.
-// lse: 1e-4 fp32, 1e-3 bf16 (the same rounded inputs, fp32 dot products: ~1e-7 in practice).
-// Every output (out, lse, dqkv) is NaN-poisoned first, so an element a kernel fails to write fails.
-// Shapes cover T = 1 (one key), T below, at and above a tile (17, 64, 100, 130) and long rows
-// (256, 1024), GPT-2's hs = 64 with 4 and 12 heads, hs = 128, and SIMT-only head sizes 16, 32, 80.
+// (kernels/attention.cpp) and a float64 log-sum-exp, for fp32 storage (SIMT kernels), bf16 on
+// tensor cores (hs 64 and 128; other head sizes take the SIMT kernels) and bf16 forced onto SIMT.
+//  * fp32: test::ExpectClose at 1e-4: only summation order (~2e-6 relative) and exp2f vs
+//    math::fast_exp (a few ulp) differ; a TF32-like loss would show as ~1e-3.
+//  * bf16: normwise relative error < 1e-2 and every element within 2e-2 (forward) / 5e-2
+//    (backward) of the RMS-floored bound. Rounding the outputs, P and dS before their second
+//    product, and the bf16 O in D = rowsum(dO * O) keeps the normwise error ~3e-3, but cancelling
+//    dK/dQ entries reach ~2.5e-2 of the floor; layout or masking bugs (O(1) errors) fail both.
+//  * lse: 1e-4 fp32, 1e-3 bf16. Every output (out, lse, dqkv) is NaN-poisoned first.
+//  * Shapes: T = 1, 17, 64, 100, 130 (below, at and above a tile), 256, 1024; hs = 64 with 4 and
+//    12 heads, hs = 128, and SIMT-only head sizes 16, 32, 80.
+// Numerics behind the bounds: docs/cuda.md, "Flash attention".
 #include <algorithm>
 #include <cmath>
 #include <cstring>

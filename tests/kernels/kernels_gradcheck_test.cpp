@@ -1,21 +1,14 @@
 // Finite-difference gradient checks for the backward kernels with non-trivial derivatives:
-// layernorm, attention, GELU and the fused cross-entropy.
-//
-// Two checks per op, on tiny shapes (every input element is perturbed):
+// layernorm, attention, GELU and the fused cross-entropy. Two checks per op, on tiny shapes (every
+// input element perturbed), of the loss L = sum_i W_i out_i with fixed random W (dL/dout = W, a
+// dense, non-uniform upstream gradient):
 //  1. Reference: float64 central differences of the reference forward (tests/kernels/reference.h)
-//     against the reference's analytic backward. This validates the derivations that
-//     kernels_test.cpp then holds the float kernels to, tightly (h = 1e-5: truncation error
-//     ~h^2 |f'''| / 6 ~ 1e-10, rounding ~1e-16 |L| / h ~ 1e-11; we allow 1e-7 + 1e-6 relative).
-//  2. Kernel: central differences of the float forward kernel, with the loss summed in double,
-//     against the float backward kernel. This ties each backward kernel to its *own* forward
-//     independently of the reference. It is necessarily looser: with h = 1e-2 the truncation
-//     error is ~h^2 |f'''| / 6 ~ 2e-5 |f'''| (|f'''| = O(1) for these unit-scale inputs), and the
-//     fp32 rounding noise of the loss, ~sqrt(n) u |W| |out| over n ~ 20..60 outputs, is ~5e-7,
-//     i.e. ~3e-5 after dividing by 2h; we allow 2e-4 + 2e-3 relative (the observed worst error
-//     is below 1/10 of that). A wrong gradient (a missing term, a wrong sign or scale) is off by
-//     O(0.1..1).
-// The scalar loss is L = sum_i W_i out_i with fixed random W, so dL/dout = W is a dense,
-// non-uniform upstream gradient.
+//     against its analytic backward, validating the derivations kernels_test.cpp holds the float
+//     kernels to. h = 1e-5 (truncation ~1e-10, rounding ~1e-11); allowed 1e-7 + 1e-6 relative.
+//  2. Kernel: central differences of the float forward kernel (loss summed in double) against the
+//     float backward kernel, tying each backward to its own forward. h = 1e-2: truncation
+//     ~2e-5 |f'''|, fp32 loss noise ~3e-5 after dividing by 2h; allowed 2e-4 + 2e-3 relative (the
+//     worst observed error is under 1/10 of that). A wrong gradient is off by O(0.1..1).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

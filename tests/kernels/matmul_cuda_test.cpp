@@ -1,19 +1,15 @@
 // CUDA linear layers (kernels/matmul.cu) against the CPU backend (kernels/matmul.cpp), in fp32 and
 // bf16, through both GEMM paths of a CublasContext: cuBLASLt with fused bias / GELU / residual /
 // DGELU epilogues, and classic cuBLAS with separate epilogue kernels.
-//
 // Tolerances (|got - want| <= rtol (|want| + rms(want)), test::ExpectClose):
-//  * fp32 GEMMs, 1e-4. Both sides accumulate in fp32 and differ only in summation order: for a dot
-//    product of K terms the rounding error is ~sqrt(K) * 2^-24 * rms(terms) ~ 3e-6 of the result's
-//    scale at K = 3072 (worst case K * 2^-24 = 2e-4 needs every rounding to go the same way), so
-//    1e-4 leaves a 30x margin. It is also what catches TF32 sneaking in: TF32 rounds every input to
-//    10 mantissa bits (relative 2^-11 = 5e-4 per product), i.e. errors of a few 1e-4.
-//  * bf16, 1e-2: every stored value (inputs, outputs, accumulated gradients) is rounded to 8
-//    mantissa bits (2^-9 = 2e-3 relative), products accumulate in fp32. The CPU reference gets the
-//    same bf16-rounded inputs.
-//  * The fused GELU output in fp32, 2e-3: cuBLASLt evaluates its own GELU (kernels/matmul.cu); the
-//    largest possible gap, erf-GELU vs tanh-GELU, is ~5e-4 absolute on O(1) activations. The fused
-//    DGELU in fp32, 5e-3: the derivatives' forms differ by up to 8.7e-4, times |dout W| up to ~4.
+//  * fp32 GEMMs, 1e-4: summation order only (~sqrt(K) 2^-24 ~ 3e-6 at K = 3072; the worst case
+//    K 2^-24 = 2e-4 needs every rounding to go one way): a 30x margin that still catches TF32 (10
+//    mantissa bits, errors of a few 1e-4).
+//  * bf16, 1e-2: every stored value rounded to 8 mantissa bits (2^-9 = 2e-3), fp32 accumulation;
+//    the CPU reference gets the same bf16-rounded inputs.
+//  * Fused GELU output (fp32), 2e-3: cuBLASLt's own GELU; erf vs tanh GELU differ by ~5e-4 on O(1)
+//    activations. Fused DGELU (fp32), 5e-3: the derivative forms differ by up to 8.7e-4, times
+//    |dout W| up to ~4.
 // NaN never passes; outputs are NaN-poisoned so that an unwritten element fails.
 #include <cmath>
 #include <cstdio>
