@@ -36,14 +36,19 @@ StatusOr<DataLoader> DataLoader::FromTokens(std::vector<uint16_t> tokens, int vo
   d.world_ = world_size;
   d.shuffle_ = shuffle;
   d.seed_ = seed;
+  d.name_ = name;
   return d;
 }
 
 StatusOr<DataLoader> DataLoader::Open(const std::string& path, int vocab_size, int B, int T, int rank,
                                       int world_size, bool shuffle, uint64_t seed) {
   if (path.empty()) return Status::InvalidArgument("no data file given (train_data / val_data)");
-  TF_ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, ReadTokenFile(path));
-  return FromTokens(std::move(tokens), vocab_size, B, T, rank, world_size, shuffle, seed, path);
+  TokenFileTokenizer tokenizer;
+  TF_ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, ReadTokenFile(path, Env::Default(), &tokenizer));
+  TF_ASSIGN_OR_RETURN(DataLoader d, FromTokens(std::move(tokens), vocab_size, B, T, rank, world_size, shuffle, seed,
+                                               path));
+  d.tokenizer_ = std::move(tokenizer);
+  return d;
 }
 
 void DataLoader::Load(int64_t i, int32_t* inputs, int32_t* targets) const {

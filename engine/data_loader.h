@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "engine/token_file.h"
 
 namespace tf {
 
@@ -36,10 +37,15 @@ class DataLoader {
   std::string Fingerprint() const;
   int B() const { return B_; }
   int T() const { return T_; }
+  // The tokenizer the file's header records (kind "" when it records none), and the file's path.
+  const TokenFileTokenizer& tokenizer() const { return tokenizer_; }
+  const std::string& name() const { return name_; }
 
  private:
   DataLoader() = default;
   std::vector<uint16_t> tokens_;
+  TokenFileTokenizer tokenizer_;
+  std::string name_;
   int B_ = 0, T_ = 0, rank_ = 0, world_ = 1;
   bool shuffle_ = false;
   uint64_t seed_ = 0;

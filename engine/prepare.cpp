@@ -1,9 +1,9 @@
 #include "engine/prepare.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <numeric>
 
 #include "engine/token_file.h"
 
@@ -19,27 +19,61 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-StatusOr<std::vector<fs::path>> ListInputs(const std::vector<std::string>& inputs) {
+struct Inputs {
   std::vector<fs::path> files;
+  int symlinks = 0;  // skipped inside directories
+};
+
+// Files of `inputs`, directories walked recursively (each level sorted by name; symbolic links and
+// names starting with '.' inside directories are skipped).
+StatusOr<Inputs> ListInputs(const std::vector<std::string>& inputs) {
+  Inputs out;
+  std::function<Status(const fs::path&)> walk = [&](const fs::path& dir) -> Status {
+    std::error_code ec;
+    std::vector<fs::path> entries;
+    for (const auto& e : fs::directory_iterator(dir, ec)) entries.push_back(e.path());
+    if (ec) return Status::IOError("cannot list directory '{}': {}", dir.string(), ec.message());
+    std::sort(entries.begin(), entries.end());
+    for (const fs::path& p : entries) {
+      if (p.filename().string().starts_with(".")) continue;
+      if (fs::is_symlink(p, ec)) {
+        ++out.symlinks;
+      } else if (fs::is_directory(p, ec)) {
+        TF_RETURN_IF_ERROR(walk(p));
+      } else if (fs::is_regular_file(p, ec)) {
+        out.files.push_back(p);
+      }
+    }
+    return Status::OK();
+  };
   for (const std::string& in : inputs) {
     std::error_code ec;
     const fs::path p(in);
     if (fs::is_directory(p, ec)) {
-      std::vector<fs::path> entries;
-      for (const auto& e : fs::directory_iterator(p, ec)) {
-        if (e.is_symlink(ec) || !e.is_regular_file(ec)) continue;
-        entries.push_back(e.path());
-      }
-      if (ec) return Status::IOError("cannot list directory '{}': {}", in, ec.message());
-      std::sort(entries.begin(), entries.end());
-      files.insert(files.end(), entries.begin(), entries.end());
+      TF_RETURN_IF_ERROR(walk(p));
     } else if (fs::is_regular_file(p, ec)) {
-      files.push_back(p);
+      out.files.push_back(p);
     } else {
       return Status::NotFound("input '{}' is not a file or directory", in);
     }
   }
-  return files;
+  return out;
+}
+
+// A document's text cut at line ends into pieces of about `bytes` (a piece ends at the first line
+// end at or after `bytes`; a line longer than that is one piece).
+std::vector<std::string_view> Cut(std::string_view doc, size_t bytes) {
+  std::vector<std::string_view> pieces;
+  while (!doc.empty()) {
+    size_t end = doc.size();
+    if (doc.size() > bytes) {
+      const size_t nl = doc.find('\n', bytes - 1);
+      end = nl == std::string_view::npos ? doc.size() : nl + 1;
+    }
+    pieces.push_back(doc.substr(0, end));
+    doc.remove_prefix(end);
+  }
+  return pieces;
 }
 
 }  // namespace
@@ -53,61 +87,109 @@ StatusOr<PrepareResult> PrepareData(const PrepareOptions& o, const Tokenizer& to
   if (tokenizer.vocab_size() > 65536) {
     return Status::InvalidArgument("prepare: vocab {} does not fit uint16 token files", tokenizer.vocab_size());
   }
-  TF_ASSIGN_OR_RETURN(std::vector<fs::path> files, ListInputs(o.inputs));
+  TF_ASSIGN_OR_RETURN(const Inputs inputs, ListInputs(o.inputs));
 
-  std::vector<std::string> docs;
   PrepareResult r;
-  for (const fs::path& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) return Status::IOError("cannot read '{}'", f.string());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string text = ss.str();
-    if (text.find('\0') != std::string::npos) continue;  // binary (e.g. fortune's .dat index files)
+  r.skipped_symlinks = inputs.symlinks;
+  std::vector<std::string> docs;
+  for (const fs::path& f : inputs.files) {
+    TF_ASSIGN_OR_RETURN(std::string text, env->ReadFileToString(f.string()));
+    if (text.find('\0') != std::string::npos) {  // binary (e.g. fortune's .dat index files)
+      ++r.skipped_binary;
+      continue;
+    }
     ++r.files;
-    if (o.delimiter.empty()) {
+    if (!o.delimiter) {
       if (!text.empty()) docs.push_back(std::move(text));
       continue;
     }
+    // A line equal to the delimiter ends a document; with "" any run of blank lines does.
     std::string doc;
-    std::istringstream lines(text);
-    std::string line;
-    while (std::getline(lines, line)) {
-      if (line == o.delimiter) {
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t nl = text.find('\n', pos);
+      const size_t end = nl == std::string::npos ? text.size() : nl;
+      std::string_view line(text.data() + pos, end - pos);
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      const bool separator = o.delimiter->empty() ? line.find_first_not_of(" \t") == std::string_view::npos
+                                                  : line == *o.delimiter;
+      if (separator) {
         if (!doc.empty()) docs.push_back(std::move(doc));
         doc.clear();
       } else {
-        doc += line;
+        doc.append(text, pos, end - pos);
         doc += '\n';
       }
+      pos = end + 1;
     }
     if (!doc.empty()) docs.push_back(std::move(doc));
   }
   if (docs.empty()) return Status::InvalidArgument("prepare: the inputs contain no text documents");
+  r.documents = static_cast<int64_t>(docs.size());
 
-  std::vector<bool> is_val(docs.size());
-  const uint64_t threshold = static_cast<uint64_t>(o.val_fraction * 18446744073709551615.0);
-  for (size_t i = 0; i < docs.size(); ++i) is_val[i] = o.val_fraction > 0 && Mix(o.seed ^ Mix(i)) < threshold;
-  const size_t n_val = static_cast<size_t>(std::count(is_val.begin(), is_val.end(), true));
-  if (o.val_fraction > 0 && docs.size() >= 2 && (n_val == 0 || n_val == docs.size())) {
-    std::fill(is_val.begin(), is_val.end(), false);
-    const size_t k = std::max<size_t>(1, static_cast<size_t>(o.val_fraction * docs.size()));
-    for (size_t i = docs.size() - k; i < docs.size(); ++i) is_val[i] = true;
+  // The split is by pieces: documents, with any longer than kPieceBytes cut at line ends (so one
+  // file, or a few large ones, split too); with fewer than kMinPieces the cut is finer.
+  struct Piece {
+    size_t doc;
+    std::string_view text;
+  };
+  constexpr size_t kPieceBytes = 16384, kMinPieces = 20;
+  auto cut_all = [&](size_t bytes) {
+    std::vector<Piece> pieces;
+    for (size_t d = 0; d < docs.size(); ++d) {
+      for (std::string_view p : Cut(docs[d], bytes)) pieces.push_back({d, p});
+    }
+    return pieces;
+  };
+  std::vector<Piece> pieces = cut_all(kPieceBytes);
+  if (o.val_fraction > 0 && pieces.size() < kMinPieces) {
+    size_t total = 0;
+    for (const std::string& d : docs) total += d.size();
+    pieces = cut_all(std::max<size_t>(1, total / kMinPieces));
+  }
+  // Exactly round(f * pieces) pieces (at least 1) go to validation, the first ones in the order of a
+  // seeded hash of their index: deterministic, and independent of the thread count.
+  std::vector<bool> is_val(pieces.size(), false);
+  if (o.val_fraction > 0 && pieces.size() >= 2) {
+    const size_t k = std::clamp<size_t>(static_cast<size_t>(std::llround(o.val_fraction * pieces.size())), 1,
+                                        pieces.size() - 1);
+    std::vector<size_t> order(pieces.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      const uint64_t ha = Mix(o.seed ^ Mix(a)), hb = Mix(o.seed ^ Mix(b));
+      return ha != hb ? ha < hb : a < b;
+    });
+    for (size_t i = 0; i < k; ++i) is_val[order[i]] = true;
   }
 
+  // Each split is its pieces in order; a separator (the end-of-text token, or a blank line for
+  // tokenizers without one) goes before every piece that does not continue the previous one.
   std::vector<int32_t> separator;
   if (tokenizer.eot_token() >= 0) separator.push_back(tokenizer.eot_token());
   else separator = tokenizer.Encode("\n");  // documents already end in '\n': a blank line between
   std::vector<uint16_t> train, val;
-  for (size_t i = 0; i < docs.size(); ++i) {
-    std::vector<uint16_t>& dst = is_val[i] ? val : train;
-    for (int32_t id : separator) dst.push_back(static_cast<uint16_t>(id));
-    for (int32_t id : tokenizer.Encode(docs[i])) dst.push_back(static_cast<uint16_t>(id));
-    ++(is_val[i] ? r.val_documents : r.train_documents);
+  int64_t last_piece[2] = {-2, -2};
+  size_t last_doc[2] = {0, 0};
+  std::vector<bool> doc_in[2] = {std::vector<bool>(docs.size()), std::vector<bool>(docs.size())};
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const int s = is_val[i] ? 1 : 0;
+    std::vector<uint16_t>& dst = s ? val : train;
+    const bool continues = last_piece[s] == static_cast<int64_t>(i) - 1 && last_doc[s] == pieces[i].doc;
+    if (!continues) {
+      for (int32_t id : separator) dst.push_back(static_cast<uint16_t>(id));
+    }
+    for (int32_t id : tokenizer.Encode(pieces[i].text)) dst.push_back(static_cast<uint16_t>(id));
+    last_piece[s] = static_cast<int64_t>(i);
+    last_doc[s] = pieces[i].doc;
+    doc_in[s][pieces[i].doc] = true;
   }
-  r.documents = static_cast<int64_t>(docs.size());
+  r.pieces = static_cast<int64_t>(pieces.size());
+  r.val_pieces = std::count(is_val.begin(), is_val.end(), true);
+  r.train_documents = std::count(doc_in[0].begin(), doc_in[0].end(), true);
+  r.val_documents = std::count(doc_in[1].begin(), doc_in[1].end(), true);
   r.train_tokens = static_cast<int64_t>(train.size());
   r.val_tokens = static_cast<int64_t>(val.size());
+  const TokenFileTokenizer record{tokenizer.name(), tokenizer.vocab_size(), tokenizer.fingerprint()};
 
   TF_RETURN_IF_ERROR(env->CreateDirs(o.out_dir));
   r.train_path = (fs::path(o.out_dir) / "train.bin").string();
@@ -123,9 +205,9 @@ StatusOr<PrepareResult> PrepareData(const PrepareOptions& o, const Tokenizer& to
     (void)env->RemoveFile(staged_val);
     return s;
   };
-  if (Status s = WriteTokenFile(staged_train, train, /*with_header=*/true, env); !s.ok()) return discard(s);
+  if (Status s = WriteTokenFile(staged_train, train, /*with_header=*/true, env, record); !s.ok()) return discard(s);
   if (!val.empty()) {
-    if (Status s = WriteTokenFile(staged_val, val, /*with_header=*/true, env); !s.ok()) return discard(s);
+    if (Status s = WriteTokenFile(staged_val, val, /*with_header=*/true, env, record); !s.ok()) return discard(s);
   }
   TF_ASSIGN_OR_RETURN(const FileInfo old_val, env->Stat(r.val_path));
   if (old_val.exists) {
@@ -145,6 +227,7 @@ StatusOr<PrepareResult> PrepareData(const PrepareOptions& o, const Tokenizer& to
   }
   if (Status s = env->RenameFile(staged_train, r.train_path); !s.ok()) return restore(s);
   if (old_val.exists) (void)env->RemoveFile(previous_val);
+  r.removed_old_val = old_val.exists && val.empty();
   TF_RETURN_IF_ERROR(env->SyncDir(o.out_dir));
   if (val.empty()) r.val_path.clear();
   return r;

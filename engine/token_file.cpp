@@ -15,9 +15,14 @@ static_assert(std::endian::native == std::endian::little,
               "token files are read by copying little-endian bytes straight into memory");
 static_assert(kTokenFileMagicLowHalf == 55432 && kTokenFileMagicHighHalf == 308);
 
+constexpr int kFirstReserved = 7;  // header ints from here on are 0
+
+int32_t KindCode(const std::string& kind) { return kind == "byte" ? 1 : kind == "gpt2" ? 2 : 0; }
+
 }  // namespace
 
-StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& path, Env* env) {
+StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& path, Env* env, TokenFileTokenizer* tokenizer) {
+  if (tokenizer != nullptr) *tokenizer = TokenFileTokenizer{};
   auto opened = env->NewRandomAccessFile(path);
   if (!opened.ok()) {
     if (opened.status().code() == StatusCode::kNotFound) return Status::NotFound("{}: no such token file", path);
@@ -51,12 +56,24 @@ StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& path, Env* env)
           "{}: header says {} tokens, so the file should be {} bytes, but it is {} bytes ({})",
           path, count, expected, size, size < expected ? "truncated" : "trailing bytes");
     data_offset = kTokenFileHeaderBytes;
+    if (header[3] < 0 || header[3] > 2) {
+      return Status::Corruption("{}: header records tokenizer kind {}, which is none of 0 (not recorded), 1 (byte), 2 "
+                                "(gpt2)",
+                                path, header[3]);
+    }
+    if (tokenizer != nullptr && header[3] != 0) {
+      tokenizer->kind = header[3] == 1 ? "byte" : "gpt2";
+      tokenizer->vocab_size = header[4];
+      tokenizer->fingerprint = static_cast<uint64_t>(static_cast<uint32_t>(header[5])) |
+                               static_cast<uint64_t>(static_cast<uint32_t>(header[6])) << 32;
+    }
   } else {
     if (size >= kTokenFileHeaderBytes) {
       // A header whose magic was damaged would otherwise be read as 512 bare tokens of garbage.
       int32_t header[kTokenFileHeaderInts];
       TF_RETURN_IF_ERROR(file.ReadExact(0, kTokenFileHeaderBytes, reinterpret_cast<char*>(header)));
-      const bool rest_zero = std::all_of(header + 3, header + kTokenFileHeaderInts, [](int32_t v) { return v == 0; });
+      const bool rest_zero =
+          std::all_of(header + kFirstReserved, header + kTokenFileHeaderInts, [](int32_t v) { return v == 0; });
       if (header[1] == kTokenFileVersion && header[2] >= 0 && rest_zero &&
           kTokenFileHeaderBytes + static_cast<uint64_t>(header[2]) * 2 == size) {
         return Status::Corruption("{}: has a token-file header (version {}, {} tokens) whose magic is {} instead of {}: "
@@ -75,7 +92,12 @@ StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& path, Env* env)
   return tokens;
 }
 
-Status WriteTokenFile(const std::string& path, std::span<const uint16_t> tokens, bool with_header, Env* env) {
+Status WriteTokenFile(const std::string& path, std::span<const uint16_t> tokens, bool with_header, Env* env,
+                      const TokenFileTokenizer& tokenizer) {
+  if (!tokenizer.kind.empty() && KindCode(tokenizer.kind) == 0) {
+    return Status::InvalidArgument("{}: token files record tokenizer kinds byte and gpt2, not '{}'", path,
+                                   tokenizer.kind);
+  }
   const std::string_view data(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
   if (!with_header) {
     if (tokens.empty())
@@ -90,6 +112,12 @@ Status WriteTokenFile(const std::string& path, std::span<const uint16_t> tokens,
   header[0] = kTokenFileMagic;
   header[1] = kTokenFileVersion;
   header[2] = static_cast<int32_t>(tokens.size());
+  if (!tokenizer.kind.empty()) {
+    header[3] = KindCode(tokenizer.kind);
+    header[4] = tokenizer.vocab_size;
+    header[5] = static_cast<int32_t>(static_cast<uint32_t>(tokenizer.fingerprint));
+    header[6] = static_cast<int32_t>(static_cast<uint32_t>(tokenizer.fingerprint >> 32));
+  }
   return env->WriteFileAtomically(path, [&](WritableFile* f) {
     TF_RETURN_IF_ERROR(f->Append(std::string_view(reinterpret_cast<const char*>(header), kTokenFileHeaderBytes)));
     return f->Append(data);

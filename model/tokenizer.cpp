@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -17,6 +18,8 @@
 #include <utility>
 
 #include <nlohmann/json.hpp>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace tf {
 
@@ -50,6 +53,7 @@ class ByteTokenizer final : public Tokenizer {
   int vocab_size() const override { return 256; }
   int eot_token() const override { return -1; }
   std::string name() const override { return "byte"; }
+  uint64_t fingerprint() const override { return 0; }
 };
 
 // ---- GPT-2 helpers -------------------------------------------------------------------------
@@ -171,6 +175,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   int vocab_size() const override { return static_cast<int>(token_bytes_.size()); }
   int eot_token() const override { return eot_; }
   std::string name() const override { return "gpt2"; }
+  uint64_t fingerprint() const override { return fingerprint_; }
 
  private:
   friend StatusOr<std::unique_ptr<Tokenizer>> tf::LoadGpt2Tokenizer(const std::string&,
@@ -263,6 +268,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::array<int32_t, 256> byte_to_id_{};      // byte -> id of its single-byte token
   std::unordered_map<uint64_t, Merge> merges_;  // PairKey(left id, right id) -> merge
   int32_t eot_ = -1;
+  uint64_t fingerprint_ = 0;
 };
 
 }  // namespace
@@ -381,6 +387,20 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadGpt2Tokenizer(const std::string& encode
     ++rank;
   }
 
+  {  // The fingerprint: each id's bytes (length-prefixed), then the merges in rank order.
+    std::string canon;
+    for (const std::string& b : tok->token_bytes_) {
+      const uint32_t n = static_cast<uint32_t>(b.size());
+      canon.append(reinterpret_cast<const char*>(&n), sizeof(n)).append(b);
+    }
+    std::vector<std::pair<int32_t, uint64_t>> by_rank;
+    by_rank.reserve(tok->merges_.size());
+    for (const auto& [pair, m] : tok->merges_) by_rank.emplace_back(m.rank, pair);
+    std::sort(by_rank.begin(), by_rank.end());
+    for (const auto& [r, pair] : by_rank) canon.append(reinterpret_cast<const char*>(&pair), sizeof(pair));
+    tok->fingerprint_ = XXH64(canon.data(), canon.size(), 0);
+  }
+
   // PCRE2 with UTF + UCP gives \s, \p{L}, \p{N} their Unicode meaning (as Python's `regex`).
   // MATCH_INVALID_UTF lets matching skip ill-formed bytes instead of failing the whole call.
   int err = 0;
@@ -403,11 +423,67 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadGpt2Tokenizer(const std::string& encode
 
 std::unique_ptr<Tokenizer> MakeByteTokenizer() { return std::make_unique<ByteTokenizer>(); }
 
+int TokenizerVocabSize(const std::string& kind) {
+  if (kind == "byte") return 256;
+  if (kind == "gpt2") return 50257;
+  return 0;
+}
+
+std::string TokenizerKindForVocab(int vocab_size) {
+  if (vocab_size == 256) return "byte";
+  if (vocab_size == 50257) return "gpt2";
+  return "";
+}
+
+std::vector<std::string> Gpt2TokenizerSearchPath() {
+  namespace fs = std::filesystem;
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && exe.has_parent_path()) {
+    dirs.push_back((exe.parent_path().parent_path() / "third_party" / "gpt2-tokenizer").string());
+    dirs.push_back((exe.parent_path().parent_path() / "share" / "trainflow" / "gpt2-tokenizer").string());
+  }
+  dirs.push_back("third_party/gpt2-tokenizer");
+  return dirs;
+}
+
+StatusOr<std::string> FindGpt2TokenizerDir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  constexpr const char* kFetch =
+      "fetch them with scripts/fetch_gpt2_tokenizer.sh [DIR] from a TrainFlow checkout (docs/tokenizers.md)";
+  // A directory someone named (flag, config key or environment) is taken as given.
+  auto named = [&](const std::string& d, const char* how) -> StatusOr<std::string> {
+    for (const char* file : {"encoder.json", "vocab.bpe"}) {
+      std::error_code ec;
+      if (!fs::is_regular_file(fs::path(d) / file, ec)) {
+        return Status::NotFound("GPT-2 tokenizer file {} not found ({} is '{}'); {}", (fs::path(d) / file).string(),
+                                how, d, kFetch);
+      }
+    }
+    return d;
+  };
+  if (!dir.empty()) return named(dir, "--tokenizer-dir / tokenizer_dir");
+  if (const char* env = std::getenv("TRAINFLOW_TOKENIZER_DIR"); env != nullptr && *env != '\0') {
+    return named(env, "TRAINFLOW_TOKENIZER_DIR");
+  }
+  const std::vector<std::string> path = Gpt2TokenizerSearchPath();
+  for (const std::string& d : path) {
+    if (named(d, "").ok()) return d;
+  }
+  std::string looked;
+  for (const std::string& d : path) looked += (looked.empty() ? "" : ", ") + d;
+  return Status::NotFound("GPT-2 tokenizer files (encoder.json, vocab.bpe) not found; looked in {}. {}, then pass "
+                          "--tokenizer-dir DIR (config key tokenizer_dir) or set TRAINFLOW_TOKENIZER_DIR=DIR",
+                          looked, kFetch);
+}
+
 StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const std::string& kind,
                                                    const std::string& gpt2_dir) {
   if (kind == "byte") return MakeByteTokenizer();
   if (kind == "gpt2") {
-    const std::filesystem::path dir(gpt2_dir);
+    TF_ASSIGN_OR_RETURN(const std::string found, FindGpt2TokenizerDir(gpt2_dir));
+    const std::filesystem::path dir(found);
     return LoadGpt2Tokenizer((dir / "encoder.json").string(), (dir / "vocab.bpe").string());
   }
   return Status::InvalidArgument("unknown tokenizer kind \"{}\" (allowed: \"byte\", \"gpt2\")",

@@ -40,7 +40,28 @@ class Tokenizer {
   virtual int eot_token() const = 0;
   // "byte" or "gpt2": the kind accepted by MakeTokenizer.
   virtual std::string name() const = 0;
+  // Identifies the vocabulary and merges (xxh64 of every id's bytes, then the merges in rank
+  // order), whatever the files' formatting; 0 for the byte tokenizer, which has no files. Stored in
+  // token files and weights so that data, model and tokenizer can be checked against each other.
+  virtual uint64_t fingerprint() const = 0;
 };
+
+// The vocabulary size of a tokenizer kind without loading it: byte 256, gpt2 50257; 0 otherwise.
+int TokenizerVocabSize(const std::string& kind);
+// The kind a model of this vocabulary size was most likely trained with, for weights that do not
+// record it: 256 -> "byte", 50257 -> "gpt2", else "".
+std::string TokenizerKindForVocab(int vocab_size);
+
+// Where the GPT-2 files are looked for when no directory is named, in order:
+// <binary's directory>/../third_party/gpt2-tokenizer (build/trainflow in a checkout, where the setup
+// scripts fetch them); <binary's directory>/../share/trainflow/gpt2-tokenizer (an installed tree);
+// ./third_party/gpt2-tokenizer.
+std::vector<std::string> Gpt2TokenizerSearchPath();
+// The directory holding encoder.json and vocab.bpe: `dir` when given, else $TRAINFLOW_TOKENIZER_DIR
+// when set (either is taken as given: NotFound naming the missing file and how to fetch it), else
+// the first of Gpt2TokenizerSearchPath() that has both (NotFound listing where it looked, the fetch
+// script, --tokenizer-dir and TRAINFLOW_TOKENIZER_DIR).
+StatusOr<std::string> FindGpt2TokenizerDir(const std::string& dir);
 
 // The byte tokenizer: vocab_size 256, id = byte value, eot_token -1.
 std::unique_ptr<Tokenizer> MakeByteTokenizer();
@@ -58,7 +79,8 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadGpt2Tokenizer(const std::string& encode
                                                        const std::string& vocab_bpe_path);
 
 // kind "byte" -> MakeByteTokenizer(); kind "gpt2" -> LoadGpt2Tokenizer on
-// <gpt2_dir>/encoder.json and <gpt2_dir>/vocab.bpe (gpt2_dir is unused for "byte").
+// <dir>/encoder.json and <dir>/vocab.bpe, dir = FindGpt2TokenizerDir(gpt2_dir) ("" searches;
+// gpt2_dir is unused for "byte").
 // Any other kind -> InvalidArgument naming it and the allowed values.
 StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const std::string& kind,
                                                    const std::string& gpt2_dir);

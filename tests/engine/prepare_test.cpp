@@ -1,16 +1,22 @@
 // PrepareData (engine/prepare.h) replaces the train/val pair as a unit: every injected failure
 // (a write, a full disk, each rename) leaves the previous pair byte for byte and no staged files;
-// a split without validation documents removes an earlier val.bin.
+// a split without validation documents removes an earlier val.bin. A single file, a few large
+// files, blank-line documents and nested directories all split into train and validation by the
+// requested fraction, every line of the input landing in exactly one split.
 #include "engine/prepare.h"
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
 #include "base/fault_env.h"
+#include "engine/token_file.h"
 
 namespace tf {
 namespace {
@@ -42,6 +48,51 @@ class PrepareTest : public ::testing::Test {
     return r.ok() ? *r : "<" + r.status().ToString() + ">";
   }
   std::vector<std::string> Listing() const { return *Env::Default()->ListDir(options_.out_dir); }
+
+  // Writes `lines` numbered lines of text to text/<name> (creating subdirectories); returns the bytes.
+  size_t WriteLines(const std::string& name, int lines, const std::string& tag) {
+    const fs::path p = fs::path(dir_) / "text" / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream f(p);
+    size_t bytes = 0;
+    for (int i = 0; i < lines; ++i) {
+      const std::string line = fmt::format("{} line {} of some text to learn from\n", tag, i);
+      f << line;
+      bytes += line.size();
+    }
+    return bytes;
+  }
+  static bool Blank(const std::string& line) { return line.find_first_not_of(" \t") == std::string::npos; }
+  // The non-blank lines of a byte-level token file, sorted.
+  std::vector<std::string> Lines(const std::string& name) const {
+    auto tokens = ReadTokenFile(options_.out_dir + "/" + name);
+    EXPECT_TRUE(tokens.ok()) << tokens.status().ToString();
+    std::istringstream in(std::string(tokens->begin(), tokens->end()));
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);) {
+      if (!Blank(line)) out.push_back(line);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  // Checks that train.bin and val.bin together hold every non-blank input line exactly once, and
+  // returns validation's share of the tokens.
+  double CheckSplit(const std::vector<std::string>& inputs, const PrepareResult& r) {
+    std::vector<std::string> expected;
+    for (const std::string& in : inputs) {
+      std::ifstream f(in);
+      for (std::string line; std::getline(f, line);) {
+        if (!Blank(line) && line != "%") expected.push_back(line);
+      }
+    }
+    std::sort(expected.begin(), expected.end());
+    std::vector<std::string> got = Lines("train.bin");
+    const std::vector<std::string> val = Lines("val.bin");
+    got.insert(got.end(), val.begin(), val.end());
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, expected);
+    return static_cast<double>(r.val_tokens) / static_cast<double>(r.train_tokens + r.val_tokens);
+  }
 
   std::string dir_;
   PrepareOptions options_;
@@ -92,6 +143,93 @@ TEST_F(PrepareTest, NoValidationSplitRemovesAStaleValBin) {
     ASSERT_TRUE(r.ok()) << run << ": " << r.status().ToString();
     EXPECT_TRUE(r->val_path.empty());
     EXPECT_EQ(Listing(), std::vector<std::string>{"train.bin"}) << run;
+  }
+}
+
+TEST_F(PrepareTest, OneFileWithoutDelimiterStillGetsAValidationSplit) {
+  // nanoGPT's habit: one input.txt, one document. It is cut at line ends into pieces.
+  WriteLines("input.txt", 4000, "x");
+  options_.inputs = {dir_ + "/text/input.txt"};
+  options_.delimiter.reset();
+  options_.val_fraction = 0.1;
+  auto r = PrepareData(options_, *MakeByteTokenizer());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->files, 1);
+  EXPECT_EQ(r->documents, 1);
+  ASSERT_FALSE(r->val_path.empty());
+  EXPECT_EQ(Listing(), (std::vector<std::string>{"train.bin", "val.bin"}));
+  const double share = CheckSplit({dir_ + "/text/input.txt"}, *r);
+  EXPECT_GT(share, 0.07);
+  EXPECT_LT(share, 0.13);
+}
+
+TEST_F(PrepareTest, ASmallFileIsCutFinerSoItSplitsToo) {
+  WriteLines("small.txt", 40, "s");  // ~1.5 KB: one 16 KiB piece would leave nothing to split
+  options_.inputs = {dir_ + "/text/small.txt"};
+  options_.delimiter.reset();
+  options_.val_fraction = 0.1;
+  auto r = PrepareData(options_, *MakeByteTokenizer());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GE(r->pieces, 10);
+  EXPECT_EQ(r->val_pieces, std::llround(0.1 * static_cast<double>(r->pieces)));
+  ASSERT_FALSE(r->val_path.empty());
+  CheckSplit({dir_ + "/text/small.txt"}, *r);
+}
+
+TEST_F(PrepareTest, TwoFilesSplitByTheFractionNotByWholeFiles) {
+  // Two files of 65% and 35% of the text: at 0.1 neither goes to validation whole.
+  WriteLines("a.txt", 6500, "a");
+  WriteLines("b.txt", 3500, "b");
+  options_.inputs = {dir_ + "/text/a.txt", dir_ + "/text/b.txt"};
+  options_.delimiter.reset();
+  options_.val_fraction = 0.1;
+  auto r = PrepareData(options_, *MakeByteTokenizer());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->documents, 2);
+  const double share = CheckSplit(options_.inputs, *r);
+  EXPECT_GT(share, 0.07);
+  EXPECT_LT(share, 0.13);
+}
+
+TEST_F(PrepareTest, AnEmptyDelimiterSeparatesDocumentsAtBlankLines) {
+  {
+    std::ofstream f(dir_ + "/text/paragraphs.txt");
+    for (int i = 0; i < 30; ++i) f << "paragraph " << i << " first line\nparagraph " << i << " second line\n\n  \n";
+  }
+  options_.inputs = {dir_ + "/text/paragraphs.txt"};
+  options_.delimiter = "";
+  auto r = PrepareData(options_, *MakeByteTokenizer());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->documents, 30);
+  EXPECT_EQ(r->pieces, 30);
+  EXPECT_EQ(r->val_documents, 9);  // round(0.3 * 30)
+  CheckSplit(options_.inputs, *r);
+}
+
+TEST_F(PrepareTest, DirectoriesAreReadRecursivelySkippingDotFilesAndLinks) {
+  WriteLines("top.txt", 50, "top");
+  WriteLines("sub/deeper/inner.txt", 50, "inner");
+  WriteLines(".hidden/secret.txt", 50, "hidden");
+  fs::create_symlink(dir_ + "/text/top.txt", dir_ + "/text/alias.txt");
+  options_.inputs = {dir_ + "/text"};
+  options_.delimiter.reset();
+  auto r = PrepareData(options_, *MakeByteTokenizer());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->files, 2);
+  EXPECT_EQ(r->skipped_symlinks, 1);
+  CheckSplit({dir_ + "/text/top.txt", dir_ + "/text/sub/deeper/inner.txt"}, *r);
+}
+
+TEST_F(PrepareTest, TokenFilesRecordTheirTokenizer) {
+  WriteCorpus("t", 20);
+  ASSERT_TRUE(PrepareData(options_, *MakeByteTokenizer()).ok());
+  for (const char* name : {"train.bin", "val.bin"}) {
+    TokenFileTokenizer rec;
+    auto tokens = ReadTokenFile(options_.out_dir + "/" + name, Env::Default(), &rec);
+    ASSERT_TRUE(tokens.ok()) << tokens.status().ToString();
+    EXPECT_EQ(rec.kind, "byte") << name;
+    EXPECT_EQ(rec.vocab_size, 256) << name;
+    EXPECT_EQ(rec.fingerprint, 0u) << name;
   }
 }
 

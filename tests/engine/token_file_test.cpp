@@ -101,6 +101,52 @@ TEST_F(TokenFileTest, HeaderedRoundTripAndLayout) {
   EXPECT_EQ(*r, kTokens);
 }
 
+TEST_F(TokenFileTest, HeaderRecordsTheTokenizerInReservedWords) {
+  const std::string p = Path("gpt2.bin");
+  const TokenFileTokenizer gpt2{"gpt2", 50257, 0x0123456789abcdefull};
+  ASSERT_TRUE(WriteTokenFile(p, kTokens, /*with_header=*/true, Env::Default(), gpt2).ok());
+  const std::string bytes = ReadAll(p);
+  int32_t header[256];
+  std::memcpy(header, bytes.data(), 1024);
+  // llm.c reads words 0-2 only: they are what it expects.
+  EXPECT_EQ(header[0], 20240520);
+  EXPECT_EQ(header[1], 1);
+  EXPECT_EQ(header[2], static_cast<int32_t>(kTokens.size()));
+  EXPECT_EQ(header[3], 2);
+  EXPECT_EQ(header[4], 50257);
+  EXPECT_EQ(static_cast<uint32_t>(header[5]), 0x89abcdefu);
+  EXPECT_EQ(static_cast<uint32_t>(header[6]), 0x01234567u);
+  for (int i = 7; i < 256; ++i) ASSERT_EQ(header[i], 0) << i;
+
+  TokenFileTokenizer read{"stale", 1, 1};
+  auto r = ReadTokenFile(p, Env::Default(), &read);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, kTokens);
+  EXPECT_EQ(read, gpt2);
+
+  // Files that record nothing (bare, or written without a tokenizer) read as kind "".
+  ASSERT_TRUE(WriteTokenFile(Path("plain.bin"), kTokens).ok());
+  ASSERT_TRUE(ReadTokenFile(Path("plain.bin"), Env::Default(), &read).ok());
+  EXPECT_EQ(read, TokenFileTokenizer{});
+  ASSERT_TRUE(WriteTokenFile(Path("bare.bin"), kTokens, /*with_header=*/false).ok());
+  read = gpt2;
+  ASSERT_TRUE(ReadTokenFile(Path("bare.bin"), Env::Default(), &read).ok());
+  EXPECT_EQ(read, TokenFileTokenizer{});
+
+  // An unknown kind is refused on both sides.
+  Status s = WriteTokenFile(Path("x.bin"), kTokens, true, Env::Default(), TokenFileTokenizer{"sentencepiece", 1, 0});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  int32_t bad[256] = {};
+  bad[0] = 20240520;
+  bad[1] = 1;
+  bad[2] = 0;
+  bad[3] = 7;
+  const std::string q = WriteBytes("bad.bin", std::string(reinterpret_cast<const char*>(bad), 1024));
+  auto rb = ReadTokenFile(q);
+  EXPECT_EQ(rb.status().code(), StatusCode::kCorruption) << rb.status().ToString();
+  EXPECT_NE(rb.status().message().find("tokenizer kind 7"), std::string::npos) << rb.status().ToString();
+}
+
 TEST_F(TokenFileTest, BareRoundTrip) {
   const std::string p = Path("bare.bin");
   ASSERT_TRUE(WriteTokenFile(p, kTokens, /*with_header=*/false).ok());
