@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <mpi.h>
+#include <nlohmann/json.hpp>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -31,6 +32,33 @@ std::string Hostname() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
   return buf;
+}
+
+// The first top-level key whose value differs between two JSON objects, as "key 'k' is A on rank 0
+// and B on rank R"; "" when either is not a JSON object or none differs.
+std::string FirstDifference(const std::string& zero, const std::string& mine, int rank) {
+  const auto a = nlohmann::json::parse(zero, nullptr, /*allow_exceptions=*/false);
+  const auto b = nlohmann::json::parse(mine, nullptr, /*allow_exceptions=*/false);
+  if (!a.is_object() || !b.is_object()) return "";
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : a.items()) keys.push_back(k);
+  for (const auto& [k, v] : b.items()) {
+    if (!a.contains(k)) keys.push_back(k);
+  }
+  for (const std::string& k : keys) {
+    const std::string va = a.contains(k) ? a[k].dump() : "absent", vb = b.contains(k) ? b[k].dump() : "absent";
+    if (va != vb) return fmt::format("key '{}' is {} on rank 0 and {} on rank {}", k, va, vb, rank);
+  }
+  return "";
+}
+
+// Broadcasts a string of any length from `root`.
+Status BroadcastString(std::string* s, int root) {
+  unsigned long long n = s->size();
+  TF_MPI_RETURN_IF_ERROR(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, MPI_COMM_WORLD));
+  s->resize(static_cast<size_t>(n));
+  if (n > 0) TF_MPI_RETURN_IF_ERROR(MPI_Bcast(s->data(), static_cast<int>(n), MPI_CHAR, root, MPI_COMM_WORLD));
+  return Status::OK();
 }
 
 void FinalizeMpi() {
@@ -187,10 +215,16 @@ Status CheckSameOnAllRanks(const std::string& value, const std::string& what) {
     if (all[static_cast<size_t>(r)] != all[0]) differ.push_back(r);
   }
   if (differ.empty()) return Status::OK();
-  return Status::InvalidArgument("rank{} {} {} a different {} than rank 0: every rank must be started with the same "
+  // Every rank saw the same fingerprints, so all take part in naming the first differing key: rank
+  // 0's value goes to everyone, and the first differing rank's finding comes back to everyone.
+  std::string zero = t.rank == 0 ? value : std::string();
+  TF_RETURN_IF_ERROR(BroadcastString(&zero, 0));
+  std::string detail = t.rank == differ.front() ? FirstDifference(zero, value, t.rank) : std::string();
+  TF_RETURN_IF_ERROR(BroadcastString(&detail, differ.front()));
+  return Status::InvalidArgument("rank{} {} {} a different {} than rank 0{}: every rank must be started with the same "
                                  "configs and data",
                                  differ.size() == 1 ? "" : "s", fmt::join(differ, ", "),
-                                 differ.size() == 1 ? "has" : "have", what);
+                                 differ.size() == 1 ? "has" : "have", what, detail.empty() ? "" : " (" + detail + ")");
 }
 
 }  // namespace tf::comm

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 #include <spdlog/spdlog.h>
@@ -21,6 +22,7 @@
 #include "engine/sampler.h"
 #include "engine/train_config.h"
 #include "engine/trainer.h"
+#include "engine/weights_card.h"
 #include "kernels/matmul.h"
 #include "model/gpt2.h"
 #include "model/gpt2_weights.h"
@@ -97,12 +99,8 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> ParseOverrides(const 
 // file's metadata, else a Hugging Face config.json beside the file.
 StatusOr<GPT2Config> ResolveModelConfig(const std::string& model_path, const std::string& weights_path) {
   if (!model_path.empty()) return LoadModelConfig(model_path);
-  TF_ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(weights_path));
-  if (auto it = contents.metadata.find("trainflow.model_config"); it != contents.metadata.end()) {
-    const std::string source = weights_path + " (metadata trainflow.model_config)";
-    TF_ASSIGN_OR_RETURN(json j, ParseJson(it->second, source, /*allow_comments=*/false));
-    return ParseModelConfig(j, source);
-  }
+  TF_ASSIGN_OR_RETURN(const WeightsCard card, ReadWeightsCard(weights_path));
+  if (card.model) return *card.model;
   const fs::path hf = fs::path(weights_path).parent_path() / "config.json";
   std::error_code ec;
   if (fs::exists(hf, ec)) {
@@ -139,9 +137,20 @@ StatusOr<std::unique_ptr<GPT2>> LoadModel(const std::string& model_path, const s
 // Model and training configs from files plus "--key value" overrides.
 Status LoadConfigs(const std::string& model_path, const std::string& train_path,
                    const std::vector<std::string>& extras, const std::function<void(json*)>& adjust,
-                   GPT2Config* model, TrainConfig* train) {
+                   GPT2Config* model, TrainConfig* train, const std::string& init_weights = "") {
   TF_ASSIGN_OR_RETURN(auto overrides, ParseOverrides(extras));
-  TF_ASSIGN_OR_RETURN(json model_json, ReadJsonFile(model_path, "model config"));
+  json model_json;
+  std::string model_source = model_path;
+  if (model_path.empty() && !init_weights.empty()) {  // the model the weights carry
+    TF_ASSIGN_OR_RETURN(const GPT2Config from_weights, ResolveModelConfig("", init_weights));
+    model_json = ModelConfigToJson(from_weights);
+    model_source = "the model config of " + init_weights;
+  } else if (model_path.empty()) {
+    return Status::InvalidArgument("--model is required (a model config such as configs/model/byte-small.json), "
+                                   "unless --init-from gives weights that carry their config");
+  } else {
+    TF_ASSIGN_OR_RETURN(model_json, ReadJsonFile(model_path, "model config"));
+  }
   json train_json = json::object();
   if (!train_path.empty()) {
     TF_ASSIGN_OR_RETURN(train_json, ReadJsonFile(train_path, "training config"));
@@ -149,7 +158,7 @@ Status LoadConfigs(const std::string& model_path, const std::string& train_path,
   if (adjust) adjust(&train_json);
   ApplyOverrides(overrides, &model_json, &train_json);
   const std::string suffix = overrides.empty() ? "" : " + command-line overrides";
-  TF_ASSIGN_OR_RETURN(*model, ParseModelConfig(model_json, model_path + suffix));
+  TF_ASSIGN_OR_RETURN(*model, ParseModelConfig(model_json, model_source + suffix));
   TF_ASSIGN_OR_RETURN(*train, ParseTrainConfig(train_json, (train_path.empty() ? "training options" : train_path) +
                                                                suffix));
   return Status::OK();
@@ -161,7 +170,7 @@ int CmdTrain(const std::string& model_path, const std::string& train_path, const
   TrainConfig train;
   Status s = LoadConfigs(model_path, train_path, extras, [&](json* t) {
     if (!init_from.empty()) (*t)["init_from"] = init_from;
-  }, &model, &train);
+  }, &model, &train, init_from);
   if (!s.ok()) return Fail(s);
   auto trainer = Trainer::Create(model, train, Trainer::Options{});
   if (!trainer.ok()) return Fail(trainer.status());
@@ -174,14 +183,15 @@ int CmdTrain(const std::string& model_path, const std::string& train_path, const
 
 int RunCli(int argc, char** argv) {
   CLI::App app{"TrainFlow: a fault-tolerant GPT-2 training engine (CPU and CUDA backends)", "trainflow"};
+  app.footer(kExitCodesHelp);
   app.require_subcommand(1);
   app.set_version_flag("--version", "trainflow 0.1.0");
-  app.footer(kExitCodesHelp);
 
   // train
   auto* train = app.add_subcommand("train", "Train a model: --model M.json --train T.json [--key value overrides]");
   std::string model_path, train_path, init_from;
-  train->add_option("--model", model_path, "Model config JSON (configs/*.json)")->required();
+  train->add_option("--model", model_path,
+                    "Model config JSON (configs/model/*.json); optional with --init-from weights that carry it");
   train->add_option("--train", train_path, "Training config JSON");
   auto* init_opt = train->add_option("--init-from", init_from, "Start from Hugging Face GPT-2 safetensors weights");
   train->allow_extras();
@@ -190,29 +200,39 @@ int RunCli(int argc, char** argv) {
   // prepare
   auto* prepare = app.add_subcommand("prepare", "Tokenize text files into train.bin / val.bin token files");
   PrepareOptions popt;
-  std::string tok_kind = "byte", tok_dir = "third_party/gpt2-tokenizer";
-  prepare->add_option("--input", popt.inputs, "Text files or directories")->required();
+  std::string tok_kind, tok_dir, delimiter;
+  const std::string tok_dir_help =
+      "Directory with GPT-2's encoder.json and vocab.bpe (default: $TRAINFLOW_TOKENIZER_DIR, else "
+      "third_party/gpt2-tokenizer beside the binary's build/; docs/tokenizers.md)";
+  prepare->add_option("--input", popt.inputs, "Text files or directories (read recursively)")->required();
   prepare->add_option("--out-dir", popt.out_dir, "Output directory")->required();
-  prepare->add_option("--tokenizer", tok_kind, "byte or gpt2")->capture_default_str();
-  prepare->add_option("--tokenizer-dir", tok_dir, "Directory with encoder.json and vocab.bpe")->capture_default_str();
-  prepare->add_option("--delimiter", popt.delimiter, "A line equal to this separates documents (fortune: %)");
-  prepare->add_option("--val-fraction", popt.val_fraction, "Fraction of documents for validation")
+  prepare->add_option("--tokenizer", tok_kind, "byte or gpt2")->default_str("byte");
+  prepare->add_option("--tokenizer-dir", tok_dir, tok_dir_help);
+  auto* delim_opt = prepare->add_option("--delimiter", delimiter,
+                                        "A line equal to this separates documents (fortune files: %); \"\" = blank "
+                                        "lines; default: one document per file");
+  prepare->add_option("--val-fraction", popt.val_fraction,
+                      "Fraction of the pieces (documents, long ones cut at ~16 KiB) for validation; 0 = none")
       ->capture_default_str();
   prepare->add_option("--seed", popt.seed, "Seed of the train/val split")->check(SeedValidator())->capture_default_str();
 
   // eval
   auto* eval = app.add_subcommand("eval", "Mean loss of weights on a token file");
-  std::string weights, data;
-  int batch = 4, seq = 0, batches = 16;
+  std::string weights, data, batches_text;
+  int batch = 0, seq = 0;
+  bool wrap = false;
   std::string eval_device = "auto";
   eval->add_option("--weights", weights, "safetensors weights (Hugging Face GPT-2 names)")->required();
   eval->add_option("--model", model_path, "Model config (default: from the weights' metadata or config.json)");
-  eval->add_option("--data", data, "Token file")->required();
-  eval->add_option("--batch-size", batch, "Sequences per batch")->check(CLI::Range(1, 1 << 16))->capture_default_str();
-  eval->add_option("--seq-len", seq, "Sequence length (default: block_size)")->check(CLI::Range(1, 1 << 20));
-  eval->add_option("--batches", batches, "Number of batches (from the start of the file)")
-      ->check(CLI::Range(1, 1 << 24))
-      ->capture_default_str();
+  eval->add_option("--data", data, "Token file (default: the training run's val_data, recorded in the weights)");
+  eval->add_option("--batch-size", batch, "Sequences per batch (default: the training run's, else 4)")
+      ->check(CLI::Range(1, 1 << 16));
+  eval->add_option("--seq-len", seq, "Sequence length (default: the trained one, else block_size)")
+      ->check(CLI::Range(1, 1 << 20));
+  eval->add_option("--batches", batches_text,
+                   "N batches from the start of the file, or 'all': the whole file once (default: the training "
+                   "run's evaluation, else all)");
+  eval->add_flag("--wrap", wrap, "Allow --batches beyond the end of the file (it is read again from the start)");
   eval->add_option("--device", eval_device, "auto (cuda when a GPU is visible), cpu or cuda; fp32 either way")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
@@ -228,17 +248,20 @@ int RunCli(int argc, char** argv) {
   sample->add_option("--tokens", sopt.num_tokens, "Tokens to generate")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  sample->add_option("--temperature", sopt.temperature, "Softmax temperature (> 0)")->capture_default_str();
-  sample->add_option("--top-k", sopt.top_k, "Keep the k most likely tokens (0 = all)")
-      ->check(CLI::Range(0, 1 << 24))
-      ->capture_default_str();
+  auto* temp_opt = sample->add_option("--temperature", sopt.temperature,
+                                      "Softmax temperature, 0 = greedy (default: the training run's "
+                                      "sample_temperature, else 0.8)");
+  auto* topk_opt = sample->add_option("--top-k", sopt.top_k,
+                                      "Keep the k most likely tokens, 0 = all (default: the training run's "
+                                      "sample_top_k, else 0)")
+                       ->check(CLI::Range(0, 1 << 24));
   sample->add_option("--seed", sample_seed, "Sampling seed (>= 0)")->check(SeedValidator())->capture_default_str();
-  sample->add_option("--tokenizer", tok_kind, "byte or gpt2")->capture_default_str();
-  sample->add_option("--tokenizer-dir", tok_dir, "Directory with encoder.json and vocab.bpe")->capture_default_str();
+  sample->add_option("--tokenizer", tok_kind, "byte or gpt2 (default: the one the weights record)");
+  sample->add_option("--tokenizer-dir", tok_dir, tok_dir_help);
 
   // export
   auto* exp = app.add_subcommand("export", "Write Hugging Face GPT-2 files (model.safetensors + config.json)");
-  std::string out_dir, dtype = "f32";
+  std::string out_dir, dtype = "fp32";
   uint64_t init_seed = 0;
   bool fresh = false;
   exp->add_option("--weights", weights, "Weights to export (any safetensors with GPT-2 names)");
@@ -246,7 +269,8 @@ int RunCli(int argc, char** argv) {
   exp->add_flag("--init", fresh, "Export a freshly initialised model instead of --weights");
   exp->add_option("--seed", init_seed, "Seed for --init")->check(SeedValidator())->capture_default_str();
   exp->add_option("--out", out_dir, "Output directory")->required();
-  exp->add_option("--dtype", dtype, "f32, f16 or bf16")->capture_default_str();
+  exp->add_option("--dtype", dtype, "fp32, fp16 or bf16 (as train's --dtype; f32 and f16 are accepted too)")
+      ->capture_default_str();
 
   // env
   auto* env = app.add_subcommand("env", "What this build is and finds here: CUDA, GPUs, cuBLASLt, NCCL, cuDNN, MPI");
@@ -273,7 +297,7 @@ int RunCli(int argc, char** argv) {
       "Any training config key can be given as --key value (docs/configs.md), defined once for train and bench:\n"
       "  --batch-size 4 --seq-len 64 --grad-accum-steps 1 --threads 0 --device auto|cpu|cuda --dtype bf16|fp32\n"
       "  --attention flash|flash_simt|gemm|cudnn --recompute 0|1|2 --gelu-fusion -1|0|1|2 (-1: the default,\n"
-      "  docs/cuda.md) --fuse-residual true|false --deterministic true|false");
+      "  currently 0 for both dtypes, docs/cuda.md) --fuse-residual true|false --deterministic true|false");
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
@@ -300,61 +324,202 @@ int RunCli(int argc, char** argv) {
   }
 
   if (prepare->parsed()) {
+    if (tok_kind.empty()) tok_kind = "byte";
+    if (delim_opt->count() > 0) popt.delimiter = delimiter;
     auto tok = MakeTokenizer(tok_kind, tok_dir);
     if (!tok.ok()) return Fail(tok.status());
     auto r = PrepareData(popt, **tok);
     if (!r.ok()) return Fail(r.status());
-    fmt::print("prepare: {} files, {} documents -> {} ({} docs, {} tokens), {} ({} docs, {} tokens), tokenizer {}\n",
-               r->files, r->documents, r->train_path, r->train_documents, r->train_tokens,
-               r->val_tokens ? r->val_path : "(no val split)", r->val_documents, r->val_tokens, tok_kind);
+    std::string skipped;
+    if (r->skipped_binary > 0) skipped += fmt::format(", {} binary skipped", r->skipped_binary);
+    if (r->skipped_symlinks > 0) skipped += fmt::format(", {} symbolic links skipped", r->skipped_symlinks);
+    fmt::print("prepare: {} file{}{}, {} document{} in {} pieces, tokenizer {}\n", r->files, r->files == 1 ? "" : "s",
+               skipped, r->documents, r->documents == 1 ? "" : "s", r->pieces, tok_kind);
+    fmt::print("prepare: {}: {} tokens\n", r->train_path, r->train_tokens);
+    if (!r->val_path.empty()) {
+      fmt::print("prepare: {}: {} tokens ({} of {} pieces, {:.1f}% of the tokens)\n", r->val_path, r->val_tokens,
+                 r->val_pieces, r->pieces, 100.0 * r->val_tokens / double(r->val_tokens + r->train_tokens));
+    } else {
+      fmt::print("prepare: no validation split ({}){}\n",
+                 popt.val_fraction == 0 ? "--val-fraction 0" : "too little text to split",
+                 r->removed_old_val ? "; removed the earlier val.bin, which belonged to other data" : "");
+    }
     return 0;
   }
 
   if (eval->parsed()) {
+    auto card = ReadWeightsCard(weights);
+    if (!card.ok()) return Fail(card.status());
     auto config = ResolveModelConfig(model_path, weights);
     if (!config.ok()) return Fail(config.status());
-    const int T = seq > 0 ? seq : config->block_size;
+    // Defaults: the training run's own evaluation (same file, shape and batches) when the weights
+    // record it, so the figure it printed is reproduced.
+    const json& run = card->train_config;
+    auto run_int = [&](const char* key, int fallback) {
+      return run.is_object() && run.contains(key) && run[key].is_number_integer() ? run[key].get<int>() : fallback;
+    };
+    std::vector<std::string> from_run;
+    if (data.empty() && run.is_object() && run.contains("val_data") && run["val_data"].is_string() &&
+        !run["val_data"].get<std::string>().empty()) {
+      data = run["val_data"].get<std::string>();
+      from_run.push_back("data");
+    }
+    if (data.empty()) {
+      return Fail(Status::InvalidArgument("eval: give --data TOKEN_FILE (the weights record no val_data)"));
+    }
+    if (batch == 0) {
+      batch = run_int("batch_size", 0);
+      if (batch > 0) from_run.push_back("batch size");
+      else batch = 4;
+    }
+    int T = seq;
+    if (T == 0) {
+      T = card->seq_len > 0 ? card->seq_len : config->block_size;
+      if (card->seq_len > 0) from_run.push_back("sequence length");
+    }
     if (T > config->block_size) {
       return Fail(Status::InvalidArgument("--seq-len {} exceeds the model's block_size {}", T, config->block_size));
     }
-    if (batch <= 0) return Fail(Status::InvalidArgument("--batch-size must be positive, got {}", batch));
+    int64_t batches = -1;  // -1: the whole file once
+    bool default_batches = false;
+    if (batches_text.empty()) {
+      const int eb = run_int("eval_batches", 0);
+      if (eb > 0) {
+        batches = int64_t{eb} * std::max(card->world, 1);  // every rank evaluated eb batches of its own
+        default_batches = true;
+        from_run.push_back("batches");
+      }
+    } else if (batches_text != "all") {
+      int64_t n = 0;
+      const auto [end, ec] = std::from_chars(batches_text.data(), batches_text.data() + batches_text.size(), n);
+      if (ec != std::errc() || end != batches_text.data() + batches_text.size() || n < 1) {
+        return Fail(Status::InvalidArgument("--batches must be a whole number >= 1 or 'all', got '{}'",
+                                            QuoteForMessage(batches_text)));
+      }
+      batches = n;
+    }
     TrainConfig tc;
     tc.batch_size = batch;
     tc.seq_len = T;
     tc.device = eval_device;
     tc.dtype = "fp32";
+    auto loader = DataLoader::Open(data, config->vocab_size, batch, T);
+    if (!loader.ok()) return Fail(loader.status());
+    const std::string model_tok = card->tokenizer.empty() ? TokenizerKindForVocab(config->vocab_size) : card->tokenizer;
+    if (const TokenFileTokenizer& rec = loader->tokenizer(); !rec.kind.empty() && !model_tok.empty() &&
+                                                            (rec.kind != model_tok ||
+                                                             (card->tokenizer_fingerprint != 0 && rec.fingerprint != 0 &&
+                                                              rec.fingerprint != card->tokenizer_fingerprint))) {
+      return Fail(Status::InvalidArgument("{} was tokenized with the {} tokenizer ({:016x}), the model with {} ({:016x}): "
+                                          "its loss would mean nothing",
+                                          data, rec.kind, rec.fingerprint, model_tok, card->tokenizer_fingerprint));
+    }
+    const int64_t rows = (loader->num_tokens() - 1) / T;  // whole sequences of T+1 tokens in one pass
+    const int64_t full = rows / batch;
+    if (rows == 0) {
+      return Fail(Status::InvalidArgument("{} holds {} tokens, fewer than one sequence of {} + 1: pass a smaller "
+                                          "--seq-len",
+                                          data, loader->num_tokens(), T));
+    }
+    std::string note;
+    if (batches > full && !(wrap || default_batches)) {
+      return Fail(Status::InvalidArgument("{} holds {} batch{} of {} x {} tokens; --batches {} would read it again "
+                                          "from the start: pass --batches all (the whole file once) or add --wrap",
+                                          data, full, full == 1 ? "" : "es", batch, T, batches));
+    }
+    if (batches > full) {
+      note = fmt::format("; the file holds {} whole batch{}, so batches after that repeat its start", full,
+                         full == 1 ? "" : "es");
+    }
     auto backend = MakeTrainBackend(*config, tc, comm::Topology{});
     if (!backend.ok()) return Fail(backend.status());
     std::vector<float> params(static_cast<size_t>((*backend)->layout().total()));
     if (Status s = ImportHFWeights(weights, *config, params); !s.ok()) return Fail(s);
     if (Status s = (*backend)->SetParams(params); !s.ok()) return Fail(s);
-    auto loader = DataLoader::Open(data, config->vocab_size, batch, T);
-    if (!loader.ok()) return Fail(loader.status());
-    auto loss = Trainer::MeanLoss(**backend, *loader, batches);
-    if (!loss.ok()) return Fail(loss.status());
-    fmt::print("eval: {} batches x {} x {} tokens of {}: loss {:.6f} (ppl {:.2f})\n", batches, batch, T, data, *loss,
-               std::exp(*loss));
+    double loss = 0;
+    std::string what;
+    if (batches >= 0) {
+      auto l = Trainer::MeanLoss(**backend, *loader, batches);
+      if (!l.ok()) return Fail(l.status());
+      loss = *l;
+      what = fmt::format("{} batch{} x {} x {} tokens", batches, batches == 1 ? "" : "es", batch, T);
+    } else {  // the whole file once: the full batches, then the rows that are left as one smaller batch
+      const int tail = static_cast<int>(rows % batch);
+      auto l = Trainer::MeanLoss(**backend, *loader, full);
+      if (!l.ok()) return Fail(l.status());
+      double sum = *l * static_cast<double>(full * batch);
+      if (tail > 0) {
+        std::vector<int32_t> in(static_cast<size_t>(batch) * T), tg(in.size());
+        loader->Load(full, in.data(), tg.data());
+        auto t = (*backend)->Forward(in.data(), tg.data(), tail, T);
+        if (!t.ok()) return Fail(t.status());
+        sum += static_cast<double>(*t) * tail;
+      }
+      loss = sum / static_cast<double>(rows);
+      what = fmt::format("the whole file once: {} sequences x {} tokens ({} tokens left over)", rows, T,
+                         loader->num_tokens() - 1 - rows * T);
+    }
+    fmt::print("eval: {} of {}: loss {:.6f} (ppl {:.2f}){}\n", what, data, loss, std::exp(loss), note);
+    if (!from_run.empty()) {
+      fmt::print("eval: {} from the training run recorded in the weights (step {}); --batches all for the whole "
+                 "file\n",
+                 fmt::join(from_run, ", "), card->step);
+    }
     return 0;
   }
 
   if (sample->parsed()) {
-    if (!(sopt.temperature > 0) || !std::isfinite(sopt.temperature)) {
-      return Fail(Status::InvalidArgument("--temperature must be a finite number > 0, got {}", sopt.temperature));
+    auto card = ReadWeightsCard(weights);
+    if (!card.ok()) return Fail(card.status());
+    auto config = ResolveModelConfig(model_path, weights);
+    if (!config.ok()) return Fail(config.status());
+    const json& run = card->train_config;
+    if (temp_opt->count() == 0 && run.is_object() && run.contains("sample_temperature") &&
+        run["sample_temperature"].is_number()) {
+      sopt.temperature = run["sample_temperature"].get<double>();
+    }
+    if (topk_opt->count() == 0 && run.is_object() && run.contains("sample_top_k") &&
+        run["sample_top_k"].is_number_integer()) {
+      sopt.top_k = run["sample_top_k"].get<int>();
+    }
+    if (!(sopt.temperature >= 0) || !std::isfinite(sopt.temperature)) {
+      return Fail(Status::InvalidArgument("--temperature must be a finite number >= 0 (0 = greedy), got {}",
+                                          sopt.temperature));
     }
     sopt.seed = static_cast<uint64_t>(sample_seed);
     if (sopt.top_k < 0) return Fail(Status::InvalidArgument("--top-k must be >= 0"));
+    // The tokenizer is the model's: what the weights record, else what the vocabulary implies.
+    const std::string recorded = card->tokenizer;
+    const std::string implied = recorded.empty() ? TokenizerKindForVocab(config->vocab_size) : recorded;
+    if (!tok_kind.empty() && !implied.empty() && tok_kind != implied) {
+      return Fail(Status::InvalidArgument("{} was trained with the {} tokenizer{}; --tokenizer {} would decode its "
+                                          "tokens into garbage: leave --tokenizer out or pass {}",
+                                          weights, implied, recorded.empty() ? " (its vocabulary says so)" : "",
+                                          tok_kind, implied));
+    }
+    if (tok_kind.empty()) tok_kind = implied;
+    if (tok_kind.empty()) {
+      return Fail(Status::InvalidArgument("{} records no tokenizer and its vocab_size {} fits none: pass --tokenizer "
+                                          "byte or gpt2",
+                                          weights, config->vocab_size));
+    }
+    if (Status s = CheckTokenizerFitsModel(tok_kind, *config, "the"); !s.ok()) return Fail(s);
     auto tok = MakeTokenizer(tok_kind, tok_dir);
     if (!tok.ok()) return Fail(tok.status());
-    auto model = LoadModel(model_path, weights, 1, 0);
+    if (card->tokenizer_fingerprint != 0 && (*tok)->fingerprint() != card->tokenizer_fingerprint) {
+      spdlog::warn("the {} tokenizer files found here (fingerprint {:016x}) differ from the ones the model was "
+                   "trained with ({:016x}): the text may decode wrongly",
+                   tok_kind, (*tok)->fingerprint(), card->tokenizer_fingerprint);
+    }
+    // The context slides within the trained length: positions past it were never trained.
+    const int window = card->seq_len > 0 ? card->seq_len : config->block_size;
+    auto model = LoadModel(model_path, weights, 1, window);
     if (!model.ok()) return Fail(model.status());
     std::vector<int32_t> ids = (*tok)->Encode(prompt);
     if (ids.empty()) ids.push_back((*tok)->eot_token() >= 0 ? (*tok)->eot_token() : '\n');
-    for (int32_t id : ids) {
-      if (id >= (*model)->config().vocab_size) {
-        return Fail(Status::InvalidArgument("prompt token {} is outside the model's vocabulary ({}); wrong --tokenizer?",
-                                            id, (*model)->config().vocab_size));
-      }
-    }
+    spdlog::info("sample: tokenizer {}, temperature {}{}, top-k {}, context window {} tokens{}", tok_kind,
+                 sopt.temperature, sopt.temperature == 0 ? " (greedy)" : "", sopt.top_k, window,
+                 card->seq_len > 0 ? " (the trained length)" : "");
     std::vector<int32_t> out = Sample(**model, ids, sopt);
     fmt::print("{}{}\n", prompt, (*tok)->Decode(out));
     return 0;
@@ -362,7 +527,13 @@ int RunCli(int argc, char** argv) {
 
   if (exp->parsed()) {
     if (fresh == !weights.empty()) return Fail(Status::InvalidArgument("export: give exactly one of --weights and --init"));
+    SafetensorsDtype dt;
+    if (dtype == "fp32" || dtype == "f32") dt = SafetensorsDtype::kF32;
+    else if (dtype == "fp16" || dtype == "f16") dt = SafetensorsDtype::kF16;
+    else if (dtype == "bf16") dt = SafetensorsDtype::kBF16;
+    else return Fail(Status::InvalidArgument("--dtype must be fp32, fp16 or bf16, got '{}'", QuoteForMessage(dtype)));
     std::unique_ptr<GPT2> model;
+    WeightsCard card;
     if (fresh) {
       if (model_path.empty()) return Fail(Status::InvalidArgument("export --init needs --model"));
       auto config = LoadModelConfig(model_path);
@@ -372,25 +543,26 @@ int RunCli(int argc, char** argv) {
       model = std::move(*m);
       model->InitWeights(init_seed);
     } else {
+      auto c = ReadWeightsCard(weights);  // carried over: tokenizer, trained length, training config
+      if (!c.ok()) return Fail(c.status());
+      card = std::move(*c);
       auto m = LoadModel(model_path, weights, 1, 1);
       if (!m.ok()) return Fail(m.status());
       model = std::move(*m);
     }
-    SafetensorsDtype dt;
-    if (dtype == "f32") dt = SafetensorsDtype::kF32;
-    else if (dtype == "f16") dt = SafetensorsDtype::kF16;
-    else if (dtype == "bf16") dt = SafetensorsDtype::kBF16;
-    else return Fail(Status::InvalidArgument("--dtype must be f32, f16 or bf16, got '{}'", dtype));
     if (Status s = Env::Default()->CheckWritableDir(out_dir); !s.ok()) return Fail(s);
     const GPT2Config& c = model->config();
+    card.model = c;
     const std::string path = (fs::path(out_dir) / "model.safetensors").string();
-    Status s = ExportHFWeights(path, c, model->params(), {{"trainflow.model_config", ModelConfigToJson(c).dump()}},
-                               dt);
+    Status s = ExportHFWeights(path, c, model->params(), card.ToMetadata(), dt);
     if (!s.ok()) return Fail(s);
-    if (Status w = Env::Default()->WriteFileAtomically(out_dir + "/config.json", HFConfigJson(c)); !w.ok()) {
+    if (Status w = Env::Default()->WriteFileAtomically(out_dir + "/config.json", HFConfigJson(c, card.tokenizer, dt));
+        !w.ok()) {
       return Fail(w);
     }
-    fmt::print("export: wrote {} ({}) and config.json\n", path, dtype);
+    fmt::print("export: wrote {} ({}) and config.json\n", path, dt == SafetensorsDtype::kF32   ? "fp32"
+                                                                : dt == SafetensorsDtype::kF16 ? "fp16"
+                                                                                               : "bf16");
     return 0;
   }
 
@@ -410,9 +582,9 @@ int RunCli(int argc, char** argv) {
     auto r = RunBench(config, tc, bopt);
     if (!r.ok()) return Fail(r.status());
     const std::string where = r->device == "cuda" ? "device=cuda" : fmt::format("threads={}", omp_get_max_threads());
-    fmt::print("bench: {} ({:.1f}M params) B={} T={} {}: median {:.2f} ms/step (min {:.2f}, max {:.2f}) "
+    fmt::print("bench: {} ({} params) B={} T={} {}: median {:.2f} ms/step (min {:.2f}, max {:.2f}) "
                "over {} steps after {} warm-up, {:.0f} tokens/s, {:.1f} GFLOP/s (6*params*tokens)\n",
-               model_path, NumParameters(config) / 1e6, tc.batch_size, tc.seq_len, where, r->median_ms, r->min_ms,
+               model_path, FormatParameterCount(NumParameters(config)), tc.batch_size, tc.seq_len, where, r->median_ms, r->min_ms,
                r->max_ms, bopt.steps, bopt.warmup, r->tokens_per_s, r->gflops);
     if (r->gemm_peak_gflops > 0) {
       fmt::print("bench: SGEMM ceiling {:.1f} GFLOP/s ({} 2048^3, median); training step at {:.1f}% of it\n",
@@ -441,10 +613,15 @@ int RunCli(int argc, char** argv) {
                  "structure of the step; measured {:.2f} ms\n",
                  r->roofline_step_ms, 100.0 * r->roofline_mfu, r->median_ms);
     }
-    fmt::print("BENCH_RESULT ms_per_step={:.3f} tokens_per_s={:.1f} gflops={:.2f} gemm_peak_gflops={:.2f} mfu={:.4f} "
-               "mfu_with_attention={:.4f} device_used_gb={:.2f}\n",
-               r->median_ms, r->tokens_per_s, r->gflops, r->gemm_peak_gflops, r->mfu, r->mfu_with_attention,
-               r->device_used_gb);
+    // Only what was measured: MFU and device memory exist on a GPU, the GEMM ceiling with --gemm-peak.
+    std::string result = fmt::format("BENCH_RESULT ms_per_step={:.3f} tokens_per_s={:.1f} gflops={:.2f}", r->median_ms,
+                                     r->tokens_per_s, r->gflops);
+    if (r->gemm_peak_gflops > 0) result += fmt::format(" gemm_peak_gflops={:.2f}", r->gemm_peak_gflops);
+    if (r->device == "cuda") {
+      result += fmt::format(" mfu={:.4f} mfu_with_attention={:.4f} device_used_gb={:.2f}", r->mfu,
+                            r->mfu_with_attention, r->device_used_gb);
+    }
+    fmt::print("{}\n", result);
     return 0;
   }
   return 2;

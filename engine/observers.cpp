@@ -32,7 +32,10 @@ bool PrintsHere(const Trainer& t) { return t.options().print_progress && t.topol
 class EvalObserver final : public StepObserver {
  public:
   Status OnStart(Trainer& t) override {
-    if (t.config().eval_interval > 0 && t.step() == 0) return Evaluate(t, nullptr);
+    // Step 0 when evaluations are periodic; and once now when no step is left to run (this is the
+    // end of the run: --max_steps 0 evaluates the initial weights once).
+    const bool periodic = t.config().eval_interval > 0 && t.step() == 0;
+    if (periodic || t.step() >= t.config().max_steps) return Evaluate(t, nullptr);
     return Status::OK();
   }
   Status OnStep(Trainer& t, StepStats& s) override {
@@ -84,8 +87,9 @@ class ProgressObserver final : public StepObserver {
   Status OnStart(Trainer& t) override {
     const GPT2Config& m = t.model_config();
     const TrainConfig& c = t.config();
-    fmt::print("model: {} layers, {} heads, {} embd, vocab {} (padded {}), {:.2f}M parameters\n", m.n_layer, m.n_head,
-               m.n_embd, m.vocab_size, m.padded_vocab_size, NumParameters(m) / 1e6);
+    fmt::print("model: {} layers, {} heads, {} embd, vocab {} (padded {}), {} parameters; tokenizer {}\n", m.n_layer,
+               m.n_head, m.n_embd, m.vocab_size, m.padded_vocab_size, FormatParameterCount(NumParameters(m)),
+               c.tokenizer == "auto" ? "unknown (no samples)" : c.tokenizer);
     fmt::print("device: {}\n", t.backend().Describe());
     if (t.data_parallel()) {
       fmt::print("data parallel: {}\n", t.topology().Describe());

@@ -21,6 +21,12 @@ std::vector<int32_t> Sample(GPT2& model, std::span<const int32_t> prompt, const 
     const int32_t* inputs = context.data() + context.size() - T;
     model.Forward(inputs, nullptr, 1, T);
     const float* last = model.logits() + int64_t{T - 1} * c.padded_vocab_size;
+    if (options.temperature == 0.0) {  // greedy: the most likely token (the lowest id on a tie)
+      const int32_t next = static_cast<int32_t>(std::max_element(last, last + c.vocab_size) - last);
+      out.push_back(next);
+      context.push_back(next);
+      continue;
+    }
     cpu::softmax_rows(probs.data(), last, 1, c.vocab_size, c.padded_vocab_size,
                       static_cast<float>(options.temperature));
     if (options.top_k > 0 && options.top_k < c.vocab_size) {

@@ -8,6 +8,7 @@
 
 #include "comm/codec.h"
 #include "model/json_util.h"
+#include "model/tokenizer.h"
 
 namespace tf {
 namespace {
@@ -103,7 +104,7 @@ const std::map<std::string, Field>& Fields() {
       {"log_interval", Int(&TrainConfig::log_interval, 1)},
       {"sample_interval", Int(&TrainConfig::sample_interval, 0)},
       {"sample_tokens", Int(&TrainConfig::sample_tokens, 0)},
-      {"sample_temperature", Real(&TrainConfig::sample_temperature, 1e-6, 100.0)},
+      {"sample_temperature", Real(&TrainConfig::sample_temperature, 0.0, 100.0)},
       {"sample_top_k", Int(&TrainConfig::sample_top_k, 0)},
       {"sample_prompt", Str(&TrainConfig::sample_prompt)},
       {"train_data", Str(&TrainConfig::train_data)},
@@ -165,9 +166,10 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
   if (c.min_lr > c.lr) {
     return Status::InvalidArgument("{}: min_lr ({}) must not exceed lr ({}); set min_lr too", source, c.min_lr, c.lr);
   }
-  if (c.tokenizer != "byte" && c.tokenizer != "gpt2") {
-    return Status::InvalidArgument("{}: training config key 'tokenizer' must be \"byte\" or \"gpt2\", got '{}'", source,
-                                   c.tokenizer);
+  if (c.tokenizer != "auto" && c.tokenizer != "byte" && c.tokenizer != "gpt2") {
+    return Status::InvalidArgument("{}: training config key 'tokenizer' must be \"auto\", \"byte\" or \"gpt2\", got "
+                                   "'{}'",
+                                   source, c.tokenizer);
   }
   if (c.device != "auto" && c.device != "cpu" && c.device != "cuda") {
     return Status::InvalidArgument("{}: training config key 'device' must be \"auto\", \"cpu\" or \"cuda\", got '{}'",
@@ -266,13 +268,20 @@ Status ValidateRun(const GPT2Config& model, const TrainConfig& train) {
     return Status::InvalidArgument("seq_len {} is longer than the model's block_size {}", train.seq_len,
                                    model.block_size);
   }
-  if (train.tokenizer == "byte" && model.vocab_size < 256) {
-    return Status::InvalidArgument("tokenizer 'byte' needs vocab_size >= 256, the model has {}", model.vocab_size);
-  }
-  if (train.tokenizer == "gpt2" && model.vocab_size < 50257) {
-    return Status::InvalidArgument("tokenizer 'gpt2' needs vocab_size >= 50257, the model has {}", model.vocab_size);
-  }
+  if (train.tokenizer != "auto") TF_RETURN_IF_ERROR(CheckTokenizerFitsModel(train.tokenizer, model, "the training config's"));
   return Status::OK();
+}
+
+Status CheckTokenizerFitsModel(const std::string& kind, const GPT2Config& model, const std::string& whose) {
+  const int v = TokenizerVocabSize(kind);
+  if (v == 0 || v == model.vocab_size) return Status::OK();
+  const std::string hint =
+      kind == "byte" ? "train a byte-level model (e.g. --model configs/model/byte-small.json), or tokenize the data "
+                       "with `trainflow prepare --tokenizer gpt2` for a GPT-2-vocabulary model"
+                     : "train a model with vocab_size 50257 (e.g. --model configs/model/gpt2-124m.json), or tokenize "
+                       "the data with `trainflow prepare --tokenizer byte` for a byte-level model";
+  return Status::InvalidArgument("{} tokenizer '{}' has {} tokens, but the model has vocab_size {}: {}", whose, kind, v,
+                                 model.vocab_size, hint);
 }
 
 }  // namespace tf

@@ -46,8 +46,10 @@ struct TrainConfig {
   // Data, output, misc.
   std::string train_data;
   std::string val_data;
-  std::string tokenizer = "byte";  // "byte" or "gpt2" (used to decode samples)
-  std::string tokenizer_dir = "third_party/gpt2-tokenizer";
+  // "auto" (what the token files record, else what the vocabulary implies), "byte" or "gpt2";
+  // tokenizer_dir: the GPT-2 files ("" = search, model/tokenizer.h FindGpt2TokenizerDir).
+  std::string tokenizer = "auto";
+  std::string tokenizer_dir;
   std::string out_dir = "out";
   std::string init_from;  // safetensors file with Hugging Face GPT-2 names, or "" for a fresh init
   // Exact resume (engine/train_state.h): start from this training state file ("" = step 0);
@@ -98,5 +100,8 @@ void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& over
 
 // Cross-checks a run: seq_len <= block_size, and so on. Messages name both keys.
 Status ValidateRun(const GPT2Config& model, const TrainConfig& train);
+// OK when tokenizer `kind` has exactly the model's vocab_size (or is unknown); else InvalidArgument
+// "<whose> tokenizer 'byte' has 256 tokens, but the model has vocab_size 50257: <what to do>".
+Status CheckTokenizerFitsModel(const std::string& kind, const GPT2Config& model, const std::string& whose);
 
 }  // namespace tf

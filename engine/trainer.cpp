@@ -15,6 +15,7 @@
 #include "engine/lr_schedule.h"
 #include "engine/observers.h"
 #include "engine/sampler.h"
+#include "engine/weights_card.h"
 #include "model/gpt2_weights.h"
 
 namespace tf {
@@ -79,9 +80,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
     TF_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(t->train_data_->Fingerprint(), "training data"));
     TF_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(t->val_data_ ? t->val_data_->Fingerprint() : "", "validation data"));
   }
-  if (options.evaluate && options.print_progress && topo.rank == 0 && train.sample_tokens > 0) {
-    TF_ASSIGN_OR_RETURN(t->tokenizer_, MakeTokenizer(train.tokenizer, train.tokenizer_dir));
-  }
+  TF_RETURN_IF_ERROR(t->ResolveTokenizer());
 
   TF_ASSIGN_OR_RETURN(t->backend_, MakeTrainBackend(model, train, topo));
   if (!UsesCuda(train) && options.print_progress && topo.rank == 0 &&
@@ -122,6 +121,48 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
 }
 
 Trainer::~Trainer() = default;
+
+// The tokenizer is the data's: what train.bin records (val.bin must agree), else what the config
+// says, else what the vocabulary implies. The model must fit it exactly.
+Status Trainer::ResolveTokenizer() {
+  const TokenFileTokenizer& rec = train_data_->tokenizer();
+  std::string kind = config_.tokenizer;
+  if (val_data_ && !rec.kind.empty() && !val_data_->tokenizer().kind.empty() && !(val_data_->tokenizer() == rec)) {
+    const TokenFileTokenizer& v = val_data_->tokenizer();
+    return Status::InvalidArgument("{} ({} tokenizer, fingerprint {:016x}) and {} ({} tokenizer, fingerprint {:016x}) "
+                                   "were tokenized differently: prepare them together with `trainflow prepare`",
+                                   train_data_->name(), rec.kind, rec.fingerprint, val_data_->name(), v.kind,
+                                   v.fingerprint);
+  }
+  if (!rec.kind.empty()) {
+    if (kind != "auto" && kind != rec.kind) {
+      return Status::InvalidArgument("{} was tokenized with the {} tokenizer, but the training config says "
+                                     "\"tokenizer\": \"{}\": set it to \"{}\" or leave it out (auto takes the data's)",
+                                     train_data_->name(), rec.kind, kind, rec.kind);
+    }
+    kind = rec.kind;
+    TF_RETURN_IF_ERROR(CheckTokenizerFitsModel(kind, model_config_, train_data_->name() + "'s"));
+  } else if (kind == "auto") {
+    kind = TokenizerKindForVocab(model_config_.vocab_size);
+  }
+  config_.tokenizer = kind.empty() ? "auto" : kind;
+  tokenizer_fingerprint_ = rec.fingerprint;
+  const bool prints = options_.print_progress && topology_.rank == 0;
+  if (!options_.evaluate || !prints || config_.sample_tokens == 0) return Status::OK();
+  if (kind.empty()) {
+    spdlog::warn("no samples: {} records no tokenizer and vocab_size {} fits none (set \"tokenizer\")",
+                 train_data_->name(), model_config_.vocab_size);
+    return Status::OK();
+  }
+  TF_ASSIGN_OR_RETURN(tokenizer_, MakeTokenizer(kind, config_.tokenizer_dir));
+  if (rec.fingerprint != 0 && tokenizer_->fingerprint() != rec.fingerprint) {
+    spdlog::warn("the {} tokenizer files found here (fingerprint {:016x}) are not the ones {} was prepared with "
+                 "({:016x}): samples may decode wrongly",
+                 kind, tokenizer_->fingerprint(), train_data_->name(), rec.fingerprint);
+  }
+  if (tokenizer_fingerprint_ == 0) tokenizer_fingerprint_ = tokenizer_->fingerprint();
+  return Status::OK();
+}
 
 Status Trainer::SetUpDataParallel() {
   sync_ = comm::MakeLocalGradientSync();
@@ -374,8 +415,15 @@ Status Trainer::WriteOutputs(const TrainResult& result) {
   const std::string weights = dir + "/model.safetensors";
   std::vector<float> params(static_cast<size_t>(backend_->layout().total()));
   TF_RETURN_IF_ERROR(backend_->GetParams(params));
-  const std::map<std::string, std::string> meta = {{"trainflow.model_config", ModelConfigToJson(model_config_).dump()},
-                                                   {"trainflow.step", std::to_string(step_)}};
+  WeightsCard card;
+  card.model = model_config_;
+  card.step = step_;
+  card.tokenizer = config_.tokenizer == "auto" ? "" : config_.tokenizer;
+  card.tokenizer_fingerprint = card.tokenizer == "gpt2" ? tokenizer_fingerprint_ : 0;
+  card.seq_len = config_.seq_len;
+  card.world = topology_.world;
+  card.train_config = TrainConfigToJson(config_);
+  const std::map<std::string, std::string> meta = card.ToMetadata();
   if (Status s = ExportHFWeights(weights, model_config_, params, meta, SafetensorsDtype::kF32, env_); !s.ok()) {
     // Keep the trained weights somewhere: the run's work must not be lost with the write.
     const char* tmp = std::getenv("TMPDIR");
@@ -389,7 +437,7 @@ Status Trainer::WriteOutputs(const TrainResult& result) {
     }
     return Status(s.code(), s.message() + "; saving them elsewhere failed too: " + kept.message());
   }
-  TF_RETURN_IF_ERROR(env_->WriteFileAtomically(dir + "/config.json", HFConfigJson(model_config_)));
+  TF_RETURN_IF_ERROR(env_->WriteFileAtomically(dir + "/config.json", HFConfigJson(model_config_, card.tokenizer)));
   TF_RETURN_IF_ERROR(
       env_->WriteFileAtomically(dir + "/model_config.json", ModelConfigToJson(model_config_).dump(2) + "\n"));
   TF_RETURN_IF_ERROR(env_->WriteFileAtomically(dir + "/train_config.json", TrainConfigToJson(config_).dump(2) + "\n"));

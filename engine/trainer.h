@@ -131,6 +131,7 @@ class Trainer {
  private:
   Trainer() = default;
   Status SetUpDataParallel();
+  Status ResolveTokenizer();
   Status Resume(const std::string& path);
   // Mean over ranks of x[0..n) (x itself for one rank).
   Status SumOverRanks(double* x, int n);
@@ -151,6 +152,7 @@ class Trainer {
   std::vector<std::string> rank_devices_;  // "rank r on host (local rank l): device", every rank
   std::optional<DataLoader> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  uint64_t tokenizer_fingerprint_ = 0;  // what the data records (or the loaded files give)
   std::unique_ptr<GPT2> sampler_model_;  // host copy for sampling
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::unique_ptr<StepObserver>> observers_;

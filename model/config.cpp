@@ -93,4 +93,12 @@ int64_t NumParameters(const GPT2Config& c) {
   return int64_t{c.vocab_size} * C + int64_t{c.block_size} * C + L * per_layer + 2 * C;
 }
 
+std::string FormatParameterCount(int64_t n) {
+  const double x = static_cast<double>(n);
+  if (n < 1000) return std::to_string(n);
+  if (n < 1000000) return fmt::format("{:.1f}K", x / 1e3);
+  if (n < 1000000000) return fmt::format("{:.2f}M", x / 1e6);
+  return fmt::format("{:.2f}B", x / 1e9);
+}
+
 }  // namespace tf

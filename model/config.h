@@ -41,5 +41,7 @@ nlohmann::json ModelConfigToJson(const GPT2Config& config);
 
 // Number of trainable parameters counting the real vocabulary (V rows of wte), as Hugging Face counts.
 int64_t NumParameters(const GPT2Config& config);
+// "12.3K", "124.44M", "1.56B": a parameter count for people.
+std::string FormatParameterCount(int64_t n);
 
 }  // namespace tf

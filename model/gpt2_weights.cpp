@@ -160,7 +160,12 @@ Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::s
   return WriteSafetensors(path, views, metadata, dtype, env);
 }
 
-std::string HFConfigJson(const GPT2Config& c) {
+std::string HFConfigJson(const GPT2Config& c, const std::string& tokenizer, SafetensorsDtype dtype) {
+  const bool gpt2 = tokenizer == "gpt2" || (tokenizer.empty() && c.vocab_size == 50257);
+  const nlohmann::json eot = gpt2 ? nlohmann::json(50256) : nlohmann::json(nullptr);
+  const char* torch_dtype = dtype == SafetensorsDtype::kF16    ? "float16"
+                            : dtype == SafetensorsDtype::kBF16 ? "bfloat16"
+                                                               : "float32";
   nlohmann::json j = {{"architectures", {"GPT2LMHeadModel"}},
                       {"model_type", "gpt2"},
                       {"activation_function", "gelu_new"},
@@ -178,9 +183,9 @@ std::string HFConfigJson(const GPT2Config& c) {
                       {"attn_pdrop", 0.0},
                       {"tie_word_embeddings", true},
                       {"scale_attn_weights", true},
-                      {"bos_token_id", c.vocab_size - 1},
-                      {"eos_token_id", c.vocab_size - 1},
-                      {"torch_dtype", "float32"}};
+                      {"bos_token_id", eot},
+                      {"eos_token_id", eot},
+                      {"torch_dtype", torch_dtype}};
   return j.dump(2) + "\n";
 }
 

@@ -39,6 +39,10 @@ Status ExportHFWeights(const std::string& path, const GPT2Config& config, std::s
                        SafetensorsDtype dtype = SafetensorsDtype::kF32, Env* env = Env::Default());
 
 // Hugging Face's config.json for the model (GPT2LMHeadModel, gelu_new, eps 1e-5, tied embeddings).
-std::string HFConfigJson(const GPT2Config& config);
+// torch_dtype names `dtype`; bos/eos_token_id are GPT-2's <|endoftext|> (50256) for tokenizer
+// "gpt2" and null for "byte" (it has no such token); tokenizer "" decides by the vocabulary
+// (50257: gpt2, else none).
+std::string HFConfigJson(const GPT2Config& config, const std::string& tokenizer = "",
+                         SafetensorsDtype dtype = SafetensorsDtype::kF32);
 
 }  // namespace tf

@@ -153,9 +153,7 @@ Status ReadTensorData(const RandomAccessFile& file, uint64_t data_start, const E
   return Status::OK();
 }
 
-}  // namespace
-
-StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path, Env* env) {
+StatusOr<SafetensorsContents> Read(const std::string& path, Env* env, bool with_data) {
   auto opened = env->NewRandomAccessFile(path);
   if (!opened.ok()) {
     if (opened.status().code() == StatusCode::kNotFound) return Status::NotFound("{}: no such file", path);
@@ -229,6 +227,7 @@ StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path, Env* env)
         "{}: data buffer bytes [{}, {}) are not covered by any tensor (buffer is {} bytes)", path,
         covered, data_size, data_size);
 
+  if (!with_data) return out;
   out.tensors.reserve(entries.size());
   for (const Entry& e : entries) {
     NamedTensor t;
@@ -238,6 +237,17 @@ StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path, Env* env)
     out.tensors.push_back(std::move(t));
   }
   return out;
+}
+
+}  // namespace
+
+StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path, Env* env) {
+  return Read(path, env, /*with_data=*/true);
+}
+
+StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::string& path, Env* env) {
+  TF_ASSIGN_OR_RETURN(SafetensorsContents c, Read(path, env, /*with_data=*/false));
+  return std::move(c.metadata);
 }
 
 Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,

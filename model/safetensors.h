@@ -57,6 +57,10 @@ inline constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 
 // Reads and fully validates a file, converting F32 / F16 / BF16 tensors to float32.
 StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path, Env* env = Env::Default());
+// The "__metadata__" strings of a file whose header validates as ReadSafetensors' does; the tensor
+// data is not read.
+StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::string& path,
+                                                                     Env* env = Env::Default());
 
 // Writes `tensors` in the given order, converting to `dtype` (F16/BF16: round to nearest even;
 // F16 overflows to +-inf). REQUIRES for OK: names non-empty, unique, not "__metadata__";

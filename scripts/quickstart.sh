@@ -6,6 +6,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/install_deps.sh
+# GPT-2's BPE files, for training on your own text (docs/tokenizers.md); the default job is byte-level.
+bash scripts/fetch_gpt2_tokenizer.sh || echo "quickstart: could not fetch the GPT-2 tokenizer files;" \
+  "byte-level training works, --tokenizer gpt2 needs scripts/fetch_gpt2_tokenizer.sh" >&2
 bash scripts/build.sh
 ./build/trainflow prepare --input /usr/share/games/fortunes --delimiter % --val-fraction 0.05 \
   --out-dir data/fortunes
@@ -13,3 +16,4 @@ bash scripts/build.sh
 echo
 echo "Weights: out/fortunes/model.safetensors. Try:"
 echo "  ./build/trainflow sample --weights out/fortunes/model.safetensors --prompt 'The ' --tokens 300"
+echo "  ./build/trainflow eval --weights out/fortunes/model.safetensors   # the validation loss above"

@@ -189,7 +189,7 @@ TEST(TrainConfigTest, OutOfRangeValuesAreRejected) {
       {"lr", -1e-3},        {"beta1", 1.0},      {"beta1", 1.5},         {"beta2", 1.0},
       {"batch_size", 0},    {"seq_len", -1},     {"grad_accum_steps", 0}, {"max_steps", -1},
       {"eps", 0.0},         {"weight_decay", -0.1}, {"grad_clip", -1.0}, {"log_interval", 0},
-      {"sample_temperature", 0.0}, {"device", "tpu"}, {"dtype", "fp8"}, {"compression", "int4"},
+      {"sample_temperature", -0.5}, {"device", "tpu"}, {"dtype", "fp8"}, {"compression", "int4"},
       {"compression", "topk:0"}, {"compression", "topk:1.5"}, {"bucket_mb", 0.0}, {"first_bucket_mb", -1.0},
       {"error_feedback", 1},  {"attention", "sdpa"}, {"recompute", 3}, {"recompute", -1},
       {"gelu_fusion", 3}, {"gelu_fusion", -2}, {"deterministic", 1},
@@ -282,17 +282,21 @@ TEST(ValidateRunTest, SeqLenLongerThanBlockSizeIsRejected) {
   ExpectInvalid(ValidateRun(*model, train), {"seq_len", "block_size", "65", "64"});
 }
 
-TEST(ValidateRunTest, TokenizerNeedsLargeEnoughVocabulary) {
+TEST(ValidateRunTest, TokenizerMustMatchTheVocabulary) {
   auto model = ParseModelConfig(ValidModelJson(), kSource);  // vocab 256
   ASSERT_TRUE(model.ok());
   TrainConfig train;
   train.seq_len = 16;
+  EXPECT_TRUE(ValidateRun(*model, train).ok());  // "auto": decided from the data
   train.tokenizer = "gpt2";
-  ExpectInvalid(ValidateRun(*model, train), {"gpt2", "vocab_size"});
-  GPT2Config small = *model;
-  small.vocab_size = small.padded_vocab_size = 128;
+  ExpectInvalid(ValidateRun(*model, train), {"gpt2", "50257", "vocab_size 256", "--tokenizer byte"});
+  GPT2Config big = *model;
+  big.vocab_size = 50257;
+  big.padded_vocab_size = 50304;
   train.tokenizer = "byte";
-  ExpectInvalid(ValidateRun(small, train), {"byte", "vocab_size"});
+  ExpectInvalid(ValidateRun(big, train), {"byte", "256 tokens", "vocab_size 50257", "byte-small.json"});
+  train.tokenizer = "gpt2";
+  EXPECT_TRUE(ValidateRun(big, train).ok());
 }
 
 // ---- shipped configs -------------------------------------------------------------------------

@@ -396,6 +396,22 @@ TEST(HFConfigJsonTest, DescribesTheModel) {
   EXPECT_EQ(j.at("n_positions"), c.block_size);
   EXPECT_EQ(j.at("activation_function"), "gelu_new");
   EXPECT_EQ(j.at("tie_word_embeddings"), true);
+  EXPECT_EQ(j.at("torch_dtype"), "float32");
+}
+
+TEST(HFConfigJsonTest, DtypeAndSpecialTokensFollowTheExportAndTheTokenizer) {
+  GPT2Config c = TinyConfig();
+  nlohmann::json j = nlohmann::json::parse(HFConfigJson(c, "byte", SafetensorsDtype::kBF16));
+  EXPECT_EQ(j.at("torch_dtype"), "bfloat16");
+  EXPECT_TRUE(j.at("bos_token_id").is_null());  // the byte tokenizer has no end-of-text token
+  EXPECT_TRUE(j.at("eos_token_id").is_null());
+  j = nlohmann::json::parse(HFConfigJson(c, "gpt2", SafetensorsDtype::kF16));
+  EXPECT_EQ(j.at("torch_dtype"), "float16");
+  EXPECT_EQ(j.at("eos_token_id"), 50256);
+  c.vocab_size = 50257;
+  c.padded_vocab_size = 50304;
+  j = nlohmann::json::parse(HFConfigJson(c));  // unrecorded: decided by the vocabulary
+  EXPECT_EQ(j.at("bos_token_id"), 50256);
 }
 
 }  // namespace
