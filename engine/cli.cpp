@@ -461,9 +461,8 @@ int RunCli(int argc, char** argv) {
     }
     fmt::print("eval: {} of {}: loss {:.6f} (ppl {:.2f}){}\n", what, data, loss, std::exp(loss), note);
     if (!from_run.empty()) {
-      fmt::print("eval: {} from the training run recorded in the weights (step {}); --batches all for the whole "
-                 "file\n",
-                 fmt::join(from_run, ", "), card->step);
+      fmt::print("eval: {} from the training run recorded in the weights (step {}){}\n", fmt::join(from_run, ", "),
+                 card->step, batches >= 0 ? "; --batches all for the whole file" : "");
     }
     return 0;
   }

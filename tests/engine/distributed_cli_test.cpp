@@ -3,7 +3,8 @@
 // with its error message, not leave the other ranks waiting in a collective forever; ranks started
 // with different configs stop with an error naming the ranks; a rank that is stopped (SIGSTOP) makes
 // the others say what they wait for, wait without burning a core, and give up after
-// TRAINFLOW_COMM_TIMEOUT with the retryable exit code 3.
+// TRAINFLOW_COMM_TIMEOUT with the retryable exit code 3. `eval` on one process reproduces a 2-rank
+// run's validation loss from what the weights record.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "engine/token_file.h"
@@ -87,13 +89,25 @@ TEST_F(DistributedCli, DifferentConfigsAreNamed) {
 }
 
 TEST_F(DistributedCli, TwoRanksTrain) {
-  const Result r = Shell(std::string(kMpirun) + Rank("node_a") + " : " + Rank("node_a"), dir_ / "log3.txt");
+  const std::string val = "--val_data d/train.bin --eval_batches 2";
+  const Result r = Shell(std::string(kMpirun) + Rank("node_a", val) + " : " + Rank("node_a", val), dir_ / "log3.txt");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("2 ranks on 1 node"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("step     3/3"), std::string::npos) << r.out;
   // Counts read as words: the tiny model's gradients fit one bucket.
   EXPECT_NE(r.out.find("gradient reduction: 1 bucket ("), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find(" 1 buckets"), std::string::npos) << r.out;
+  // `eval` on one process reproduces the 2-rank run's validation loss (each rank read 2 batches).
+  const auto at = r.out.rfind("val loss ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const Result e = Shell("env -C " + (dir_ / "node_a").string() + " " + std::string(TF_BINARY_DIR) +
+                             "/trainflow eval --device cpu --weights " + (dir_ / "out" / "model.safetensors").string(),
+                         dir_ / "log4.txt");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("eval: 4 batches x 2 x 16 tokens of d/train.bin"), std::string::npos) << e.out;
+  const auto loss = e.out.find(": loss ");
+  ASSERT_NE(loss, std::string::npos) << e.out;
+  EXPECT_EQ(r.out.substr(at + 9, 6), fmt::format("{:.4f}", std::stod(e.out.substr(loss + 7)))) << r.out << e.out;
 }
 
 

@@ -122,6 +122,7 @@ TEST_F(NewcomerCli, EvalReadsTheWholeFileOnceAndRefusesToWrapSilently) {
   RunResult r = Run({"eval", "--weights", weights, "--batches", "all"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_NE(r.out.find("the whole file once"), std::string::npos) << r;
+  EXPECT_EQ(r.out.find("--batches all for"), std::string::npos) << r;  // no hint to do what it did
   EXPECT_TRUE(std::isfinite(LastNumberAfter(r.out, "loss "))) << r;
   // More batches than the file holds: refused, naming both ways out, and quickly (no minutes of work).
   r = Run({"eval", "--weights", weights, "--batches", "100000"});
@@ -271,6 +272,7 @@ TEST_F(NewcomerCli, MessagesAndHelpSayWhatIsTrue) {
   EXPECT_NE(r.out.find("CPU and CUDA backends"), std::string::npos) << r;
   r = Run({"bench", "--help"});
   EXPECT_EQ(r.out.find("bf16 2"), std::string::npos) << r;
+  EXPECT_NE(r.out.find("--gelu-fusion -1|0|1|2 (-1: the default,\n  currently 0 for both dtypes"), std::string::npos) << r;
   // Counts in words: "1 thread", parameters in K/M, no MFU or device memory on the CPU.
   r = Train({"--train_data", TokenFile("train.bin"), "--threads", "1", "--device", "cpu"});
   ASSERT_EQ(r.exit_code, 0) << r;
