@@ -179,6 +179,178 @@ int CmdTrain(const std::string& model_path, const std::string& train_path, const
   return result->stopped ? kExitStopped : kExitOk;
 }
 
+struct EvalArgs {
+  std::string weights, model_path, data;
+  std::string batches;  // "N", "all", or "" (the run's evaluation, else all)
+  int batch = 0, seq = 0;  // 0: the run's, else a default
+  bool wrap = false;
+  std::string device = "auto";
+};
+
+// `trainflow eval` (docs/data.md): every default is the training run the weights record, so the
+// validation figure it printed is reproduced.
+int CmdEval(EvalArgs a) {
+  auto card = ReadWeightsCard(a.weights);
+  if (!card.ok()) return Fail(card.status());
+  auto config = ResolveModelConfig(a.model_path, a.weights);
+  if (!config.ok()) return Fail(config.status());
+  std::vector<std::string> from_run;
+  if (a.data.empty()) {
+    a.data = card->RunString("val_data").value_or("");
+    if (a.data.empty()) return Fail(Status::InvalidArgument("eval: give --data TOKEN_FILE (the weights record no val_data)"));
+    from_run.push_back("data");
+  }
+  if (a.batch == 0) {
+    const int64_t run_batch = card->RunInt("batch_size").value_or(0);
+    if (run_batch > 0) from_run.push_back("batch size");
+    a.batch = run_batch > 0 ? static_cast<int>(run_batch) : 4;
+  }
+  const int T = a.seq > 0 ? a.seq : card->seq_len > 0 ? card->seq_len : config->block_size;
+  if (a.seq == 0 && card->seq_len > 0) from_run.push_back("sequence length");
+  if (T > config->block_size) {
+    return Fail(Status::InvalidArgument("--seq-len {} exceeds the model's block_size {}", T, config->block_size));
+  }
+  int64_t batches = -1;  // -1: the whole file once
+  bool run_batches = false;
+  if (a.batches.empty()) {
+    const int64_t eb = card->RunInt("eval_batches").value_or(0);
+    if (eb > 0) {
+      batches = eb * std::max(card->world, 1);  // every rank evaluated eb batches of its own
+      run_batches = true;
+      from_run.push_back("batches");
+    }
+  } else if (a.batches != "all") {
+    const auto [end, ec] = std::from_chars(a.batches.data(), a.batches.data() + a.batches.size(), batches);
+    if (ec != std::errc() || end != a.batches.data() + a.batches.size() || batches < 1) {
+      return Fail(Status::InvalidArgument("--batches must be a whole number >= 1 or 'all', got '{}'",
+                                          QuoteForMessage(a.batches)));
+    }
+  }
+  auto loader = DataLoader::Open(a.data, config->vocab_size, a.batch, T);
+  if (!loader.ok()) return Fail(loader.status());
+  const std::string model_tok = card->TokenizerFor(*config);
+  if (const TokenFileTokenizer& rec = loader->tokenizer();
+      !rec.kind.empty() && !model_tok.empty() &&
+      (rec.kind != model_tok ||
+       (card->tokenizer_fingerprint != 0 && rec.fingerprint != 0 && rec.fingerprint != card->tokenizer_fingerprint))) {
+    return Fail(Status::InvalidArgument("{} was tokenized with the {} tokenizer ({:016x}), the model with {} ({:016x}): "
+                                        "its loss would mean nothing",
+                                        a.data, rec.kind, rec.fingerprint, model_tok, card->tokenizer_fingerprint));
+  }
+  const int64_t rows = (loader->num_tokens() - 1) / T;  // whole sequences of T+1 tokens in one pass
+  const int64_t full = rows / a.batch;
+  if (rows == 0) {
+    return Fail(Status::InvalidArgument("{} holds {} tokens, fewer than one sequence of {} + 1: pass a smaller "
+                                        "--seq-len",
+                                        a.data, loader->num_tokens(), T));
+  }
+  std::string note;
+  if (batches > full && !(a.wrap || run_batches)) {
+    return Fail(Status::InvalidArgument("{} holds {} batch{} of {} x {} tokens; --batches {} would read it again "
+                                        "from the start: pass --batches all (the whole file once) or add --wrap",
+                                        a.data, full, full == 1 ? "" : "es", a.batch, T, batches));
+  }
+  if (batches > full) {
+    note = fmt::format("; the file holds {} whole batch{}, so batches after that repeat its start", full,
+                       full == 1 ? "" : "es");
+  }
+  TrainConfig tc;
+  tc.batch_size = a.batch;
+  tc.seq_len = T;
+  tc.device = a.device;
+  tc.dtype = "fp32";
+  auto backend = MakeTrainBackend(*config, tc, comm::Topology{});
+  if (!backend.ok()) return Fail(backend.status());
+  std::vector<float> params(static_cast<size_t>((*backend)->layout().total()));
+  if (Status s = ImportHFWeights(a.weights, *config, params); !s.ok()) return Fail(s);
+  if (Status s = (*backend)->SetParams(params); !s.ok()) return Fail(s);
+  double loss = 0;
+  std::string what;
+  if (batches >= 0) {
+    auto l = Trainer::MeanLoss(**backend, *loader, batches);
+    if (!l.ok()) return Fail(l.status());
+    loss = *l;
+    what = fmt::format("{} batch{} x {} x {} tokens", batches, batches == 1 ? "" : "es", a.batch, T);
+  } else {  // the whole file once: the full batches, then the rows that are left as one smaller batch
+    const int tail = static_cast<int>(rows % a.batch);
+    auto l = Trainer::MeanLoss(**backend, *loader, full);
+    if (!l.ok()) return Fail(l.status());
+    double sum = *l * static_cast<double>(full * a.batch);
+    if (tail > 0) {
+      std::vector<int32_t> in(static_cast<size_t>(a.batch) * T), tg(in.size());
+      loader->Load(full, in.data(), tg.data());
+      auto t = (*backend)->Forward(in.data(), tg.data(), tail, T);
+      if (!t.ok()) return Fail(t.status());
+      sum += static_cast<double>(*t) * tail;
+    }
+    loss = sum / static_cast<double>(rows);
+    what = fmt::format("the whole file once: {} sequences x {} tokens ({} tokens left over)", rows, T,
+                       loader->num_tokens() - 1 - rows * T);
+  }
+  fmt::print("eval: {} of {}: loss {:.6f} (ppl {:.2f}){}\n", what, a.data, loss, std::exp(loss), note);
+  if (!from_run.empty()) {
+    fmt::print("eval: {} from the training run recorded in the weights (step {}){}\n", fmt::join(from_run, ", "),
+               card->step, batches >= 0 ? "; --batches all for the whole file" : "");
+  }
+  return 0;
+}
+
+struct SampleArgs {
+  std::string weights, model_path, prompt;
+  std::string tokenizer, tokenizer_dir;  // "": the weights' tokenizer; "": search for the GPT-2 files
+  SampleOptions options;
+  bool temperature_given = false, top_k_given = false;  // else the run's sample_temperature, sample_top_k
+};
+
+// `trainflow sample`: the run's tokenizer, temperature and top-k, with the context window sliding
+// within the trained length (positions past it were never trained).
+int CmdSample(SampleArgs a) {
+  auto card = ReadWeightsCard(a.weights);
+  if (!card.ok()) return Fail(card.status());
+  auto config = ResolveModelConfig(a.model_path, a.weights);
+  if (!config.ok()) return Fail(config.status());
+  SampleOptions& o = a.options;
+  if (!a.temperature_given) o.temperature = card->RunNumber("sample_temperature").value_or(o.temperature);
+  if (!a.top_k_given) o.top_k = static_cast<int>(card->RunInt("sample_top_k").value_or(o.top_k));
+  if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
+    return Fail(Status::InvalidArgument("--temperature must be a finite number >= 0 (0 = greedy), got {}",
+                                        o.temperature));
+  }
+  if (o.top_k < 0) return Fail(Status::InvalidArgument("--top-k must be >= 0"));
+  const std::string model_tok = card->TokenizerFor(*config);
+  if (!a.tokenizer.empty() && !model_tok.empty() && a.tokenizer != model_tok) {
+    return Fail(Status::InvalidArgument("{} was trained with the {} tokenizer{}; --tokenizer {} would decode its "
+                                        "tokens into garbage: leave --tokenizer out or pass {}",
+                                        a.weights, model_tok, card->tokenizer.empty() ? " (its vocabulary says so)" : "",
+                                        a.tokenizer, model_tok));
+  }
+  if (a.tokenizer.empty()) a.tokenizer = model_tok;
+  if (a.tokenizer.empty()) {
+    return Fail(Status::InvalidArgument("{} records no tokenizer and its vocab_size {} fits none: pass --tokenizer "
+                                        "byte or gpt2",
+                                        a.weights, config->vocab_size));
+  }
+  if (Status s = CheckTokenizerFitsModel(a.tokenizer, *config, "the"); !s.ok()) return Fail(s);
+  auto tok = MakeTokenizer(a.tokenizer, a.tokenizer_dir);
+  if (!tok.ok()) return Fail(tok.status());
+  if (card->tokenizer_fingerprint != 0 && (*tok)->fingerprint() != card->tokenizer_fingerprint) {
+    spdlog::warn("the {} tokenizer files found here (fingerprint {:016x}) differ from the ones the model was "
+                 "trained with ({:016x}): the text may decode wrongly",
+                 a.tokenizer, (*tok)->fingerprint(), card->tokenizer_fingerprint);
+  }
+  const int window = card->seq_len > 0 ? card->seq_len : config->block_size;
+  auto model = LoadModel(a.model_path, a.weights, 1, window);
+  if (!model.ok()) return Fail(model.status());
+  std::vector<int32_t> ids = (*tok)->Encode(a.prompt);
+  if (ids.empty()) ids.push_back((*tok)->eot_token() >= 0 ? (*tok)->eot_token() : '\n');
+  spdlog::info("sample: tokenizer {}, temperature {}{}, top-k {}, context window {} tokens{}", a.tokenizer,
+               o.temperature, o.temperature == 0 ? " (greedy)" : "", o.top_k, window,
+               card->seq_len > 0 ? " (the trained length)" : "");
+  std::vector<int32_t> out = Sample(**model, ids, o);
+  fmt::print("{}{}\n", a.prompt, (*tok)->Decode(out));
+  return 0;
+}
+
 }  // namespace
 
 int RunCli(int argc, char** argv) {
@@ -218,49 +390,46 @@ int RunCli(int argc, char** argv) {
 
   // eval
   auto* eval = app.add_subcommand("eval", "Mean loss of weights on a token file");
-  std::string weights, data, batches_text;
-  int batch = 0, seq = 0;
-  bool wrap = false;
-  std::string eval_device = "auto";
-  eval->add_option("--weights", weights, "safetensors weights (Hugging Face GPT-2 names)")->required();
-  eval->add_option("--model", model_path, "Model config (default: from the weights' metadata or config.json)");
-  eval->add_option("--data", data, "Token file (default: the training run's val_data, recorded in the weights)");
-  eval->add_option("--batch-size", batch, "Sequences per batch (default: the training run's, else 4)")
+  EvalArgs ea;
+  eval->add_option("--weights", ea.weights, "safetensors weights (Hugging Face GPT-2 names)")->required();
+  eval->add_option("--model", ea.model_path, "Model config (default: from the weights' metadata or config.json)");
+  eval->add_option("--data", ea.data, "Token file (default: the training run's val_data, recorded in the weights)");
+  eval->add_option("--batch-size", ea.batch, "Sequences per batch (default: the training run's, else 4)")
       ->check(CLI::Range(1, 1 << 16));
-  eval->add_option("--seq-len", seq, "Sequence length (default: the trained one, else block_size)")
+  eval->add_option("--seq-len", ea.seq, "Sequence length (default: the trained one, else block_size)")
       ->check(CLI::Range(1, 1 << 20));
-  eval->add_option("--batches", batches_text,
+  eval->add_option("--batches", ea.batches,
                    "N batches from the start of the file, or 'all': the whole file once (default: the training "
                    "run's evaluation, else all)");
-  eval->add_flag("--wrap", wrap, "Allow --batches beyond the end of the file (it is read again from the start)");
-  eval->add_option("--device", eval_device, "auto (cuda when a GPU is visible), cpu or cuda; fp32 either way")
+  eval->add_flag("--wrap", ea.wrap, "Allow --batches beyond the end of the file (it is read again from the start)");
+  eval->add_option("--device", ea.device, "auto (cuda when a GPU is visible), cpu or cuda; fp32 either way")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
 
   // sample
   auto* sample = app.add_subcommand("sample", "Generate text from weights");
-  std::string prompt;
-  SampleOptions sopt;
-  int64_t sample_seed = static_cast<int64_t>(sopt.seed);
-  sample->add_option("--weights", weights, "safetensors weights")->required();
-  sample->add_option("--model", model_path, "Model config (default: from the weights' metadata or config.json)");
-  sample->add_option("--prompt", prompt, "Prompt text (default: end-of-text, or a newline for byte)");
-  sample->add_option("--tokens", sopt.num_tokens, "Tokens to generate")
+  SampleArgs sa;
+  int64_t sample_seed = static_cast<int64_t>(sa.options.seed);
+  sample->add_option("--weights", sa.weights, "safetensors weights")->required();
+  sample->add_option("--model", sa.model_path, "Model config (default: from the weights' metadata or config.json)");
+  sample->add_option("--prompt", sa.prompt, "Prompt text (default: end-of-text, or a newline for byte)");
+  sample->add_option("--tokens", sa.options.num_tokens, "Tokens to generate")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  auto* temp_opt = sample->add_option("--temperature", sopt.temperature,
+  auto* temp_opt = sample->add_option("--temperature", sa.options.temperature,
                                       "Softmax temperature, 0 = greedy (default: the training run's "
                                       "sample_temperature, else 0.8)");
-  auto* topk_opt = sample->add_option("--top-k", sopt.top_k,
+  auto* topk_opt = sample->add_option("--top-k", sa.options.top_k,
                                       "Keep the k most likely tokens, 0 = all (default: the training run's "
                                       "sample_top_k, else 0)")
                        ->check(CLI::Range(0, 1 << 24));
   sample->add_option("--seed", sample_seed, "Sampling seed (>= 0)")->check(SeedValidator())->capture_default_str();
-  sample->add_option("--tokenizer", tok_kind, "byte or gpt2 (default: the one the weights record)");
-  sample->add_option("--tokenizer-dir", tok_dir, tok_dir_help);
+  sample->add_option("--tokenizer", sa.tokenizer, "byte or gpt2 (default: the one the weights record)");
+  sample->add_option("--tokenizer-dir", sa.tokenizer_dir, tok_dir_help);
 
   // export
   auto* exp = app.add_subcommand("export", "Write Hugging Face GPT-2 files (model.safetensors + config.json)");
+  std::string weights;
   std::string out_dir, dtype = "fp32";
   uint64_t init_seed = 0;
   bool fresh = false;
@@ -347,181 +516,12 @@ int RunCli(int argc, char** argv) {
     return 0;
   }
 
-  if (eval->parsed()) {
-    auto card = ReadWeightsCard(weights);
-    if (!card.ok()) return Fail(card.status());
-    auto config = ResolveModelConfig(model_path, weights);
-    if (!config.ok()) return Fail(config.status());
-    // Defaults: the training run's own evaluation (same file, shape and batches) when the weights
-    // record it, so the figure it printed is reproduced.
-    const json& run = card->train_config;
-    auto run_int = [&](const char* key, int fallback) {
-      return run.is_object() && run.contains(key) && run[key].is_number_integer() ? run[key].get<int>() : fallback;
-    };
-    std::vector<std::string> from_run;
-    if (data.empty() && run.is_object() && run.contains("val_data") && run["val_data"].is_string() &&
-        !run["val_data"].get<std::string>().empty()) {
-      data = run["val_data"].get<std::string>();
-      from_run.push_back("data");
-    }
-    if (data.empty()) {
-      return Fail(Status::InvalidArgument("eval: give --data TOKEN_FILE (the weights record no val_data)"));
-    }
-    if (batch == 0) {
-      batch = run_int("batch_size", 0);
-      if (batch > 0) from_run.push_back("batch size");
-      else batch = 4;
-    }
-    int T = seq;
-    if (T == 0) {
-      T = card->seq_len > 0 ? card->seq_len : config->block_size;
-      if (card->seq_len > 0) from_run.push_back("sequence length");
-    }
-    if (T > config->block_size) {
-      return Fail(Status::InvalidArgument("--seq-len {} exceeds the model's block_size {}", T, config->block_size));
-    }
-    int64_t batches = -1;  // -1: the whole file once
-    bool default_batches = false;
-    if (batches_text.empty()) {
-      const int eb = run_int("eval_batches", 0);
-      if (eb > 0) {
-        batches = int64_t{eb} * std::max(card->world, 1);  // every rank evaluated eb batches of its own
-        default_batches = true;
-        from_run.push_back("batches");
-      }
-    } else if (batches_text != "all") {
-      int64_t n = 0;
-      const auto [end, ec] = std::from_chars(batches_text.data(), batches_text.data() + batches_text.size(), n);
-      if (ec != std::errc() || end != batches_text.data() + batches_text.size() || n < 1) {
-        return Fail(Status::InvalidArgument("--batches must be a whole number >= 1 or 'all', got '{}'",
-                                            QuoteForMessage(batches_text)));
-      }
-      batches = n;
-    }
-    TrainConfig tc;
-    tc.batch_size = batch;
-    tc.seq_len = T;
-    tc.device = eval_device;
-    tc.dtype = "fp32";
-    auto loader = DataLoader::Open(data, config->vocab_size, batch, T);
-    if (!loader.ok()) return Fail(loader.status());
-    const std::string model_tok = card->tokenizer.empty() ? TokenizerKindForVocab(config->vocab_size) : card->tokenizer;
-    if (const TokenFileTokenizer& rec = loader->tokenizer(); !rec.kind.empty() && !model_tok.empty() &&
-                                                            (rec.kind != model_tok ||
-                                                             (card->tokenizer_fingerprint != 0 && rec.fingerprint != 0 &&
-                                                              rec.fingerprint != card->tokenizer_fingerprint))) {
-      return Fail(Status::InvalidArgument("{} was tokenized with the {} tokenizer ({:016x}), the model with {} ({:016x}): "
-                                          "its loss would mean nothing",
-                                          data, rec.kind, rec.fingerprint, model_tok, card->tokenizer_fingerprint));
-    }
-    const int64_t rows = (loader->num_tokens() - 1) / T;  // whole sequences of T+1 tokens in one pass
-    const int64_t full = rows / batch;
-    if (rows == 0) {
-      return Fail(Status::InvalidArgument("{} holds {} tokens, fewer than one sequence of {} + 1: pass a smaller "
-                                          "--seq-len",
-                                          data, loader->num_tokens(), T));
-    }
-    std::string note;
-    if (batches > full && !(wrap || default_batches)) {
-      return Fail(Status::InvalidArgument("{} holds {} batch{} of {} x {} tokens; --batches {} would read it again "
-                                          "from the start: pass --batches all (the whole file once) or add --wrap",
-                                          data, full, full == 1 ? "" : "es", batch, T, batches));
-    }
-    if (batches > full) {
-      note = fmt::format("; the file holds {} whole batch{}, so batches after that repeat its start", full,
-                         full == 1 ? "" : "es");
-    }
-    auto backend = MakeTrainBackend(*config, tc, comm::Topology{});
-    if (!backend.ok()) return Fail(backend.status());
-    std::vector<float> params(static_cast<size_t>((*backend)->layout().total()));
-    if (Status s = ImportHFWeights(weights, *config, params); !s.ok()) return Fail(s);
-    if (Status s = (*backend)->SetParams(params); !s.ok()) return Fail(s);
-    double loss = 0;
-    std::string what;
-    if (batches >= 0) {
-      auto l = Trainer::MeanLoss(**backend, *loader, batches);
-      if (!l.ok()) return Fail(l.status());
-      loss = *l;
-      what = fmt::format("{} batch{} x {} x {} tokens", batches, batches == 1 ? "" : "es", batch, T);
-    } else {  // the whole file once: the full batches, then the rows that are left as one smaller batch
-      const int tail = static_cast<int>(rows % batch);
-      auto l = Trainer::MeanLoss(**backend, *loader, full);
-      if (!l.ok()) return Fail(l.status());
-      double sum = *l * static_cast<double>(full * batch);
-      if (tail > 0) {
-        std::vector<int32_t> in(static_cast<size_t>(batch) * T), tg(in.size());
-        loader->Load(full, in.data(), tg.data());
-        auto t = (*backend)->Forward(in.data(), tg.data(), tail, T);
-        if (!t.ok()) return Fail(t.status());
-        sum += static_cast<double>(*t) * tail;
-      }
-      loss = sum / static_cast<double>(rows);
-      what = fmt::format("the whole file once: {} sequences x {} tokens ({} tokens left over)", rows, T,
-                         loader->num_tokens() - 1 - rows * T);
-    }
-    fmt::print("eval: {} of {}: loss {:.6f} (ppl {:.2f}){}\n", what, data, loss, std::exp(loss), note);
-    if (!from_run.empty()) {
-      fmt::print("eval: {} from the training run recorded in the weights (step {}){}\n", fmt::join(from_run, ", "),
-                 card->step, batches >= 0 ? "; --batches all for the whole file" : "");
-    }
-    return 0;
-  }
-
+  if (eval->parsed()) return CmdEval(ea);
   if (sample->parsed()) {
-    auto card = ReadWeightsCard(weights);
-    if (!card.ok()) return Fail(card.status());
-    auto config = ResolveModelConfig(model_path, weights);
-    if (!config.ok()) return Fail(config.status());
-    const json& run = card->train_config;
-    if (temp_opt->count() == 0 && run.is_object() && run.contains("sample_temperature") &&
-        run["sample_temperature"].is_number()) {
-      sopt.temperature = run["sample_temperature"].get<double>();
-    }
-    if (topk_opt->count() == 0 && run.is_object() && run.contains("sample_top_k") &&
-        run["sample_top_k"].is_number_integer()) {
-      sopt.top_k = run["sample_top_k"].get<int>();
-    }
-    if (!(sopt.temperature >= 0) || !std::isfinite(sopt.temperature)) {
-      return Fail(Status::InvalidArgument("--temperature must be a finite number >= 0 (0 = greedy), got {}",
-                                          sopt.temperature));
-    }
-    sopt.seed = static_cast<uint64_t>(sample_seed);
-    if (sopt.top_k < 0) return Fail(Status::InvalidArgument("--top-k must be >= 0"));
-    // The tokenizer is the model's: what the weights record, else what the vocabulary implies.
-    const std::string recorded = card->tokenizer;
-    const std::string implied = recorded.empty() ? TokenizerKindForVocab(config->vocab_size) : recorded;
-    if (!tok_kind.empty() && !implied.empty() && tok_kind != implied) {
-      return Fail(Status::InvalidArgument("{} was trained with the {} tokenizer{}; --tokenizer {} would decode its "
-                                          "tokens into garbage: leave --tokenizer out or pass {}",
-                                          weights, implied, recorded.empty() ? " (its vocabulary says so)" : "",
-                                          tok_kind, implied));
-    }
-    if (tok_kind.empty()) tok_kind = implied;
-    if (tok_kind.empty()) {
-      return Fail(Status::InvalidArgument("{} records no tokenizer and its vocab_size {} fits none: pass --tokenizer "
-                                          "byte or gpt2",
-                                          weights, config->vocab_size));
-    }
-    if (Status s = CheckTokenizerFitsModel(tok_kind, *config, "the"); !s.ok()) return Fail(s);
-    auto tok = MakeTokenizer(tok_kind, tok_dir);
-    if (!tok.ok()) return Fail(tok.status());
-    if (card->tokenizer_fingerprint != 0 && (*tok)->fingerprint() != card->tokenizer_fingerprint) {
-      spdlog::warn("the {} tokenizer files found here (fingerprint {:016x}) differ from the ones the model was "
-                   "trained with ({:016x}): the text may decode wrongly",
-                   tok_kind, (*tok)->fingerprint(), card->tokenizer_fingerprint);
-    }
-    // The context slides within the trained length: positions past it were never trained.
-    const int window = card->seq_len > 0 ? card->seq_len : config->block_size;
-    auto model = LoadModel(model_path, weights, 1, window);
-    if (!model.ok()) return Fail(model.status());
-    std::vector<int32_t> ids = (*tok)->Encode(prompt);
-    if (ids.empty()) ids.push_back((*tok)->eot_token() >= 0 ? (*tok)->eot_token() : '\n');
-    spdlog::info("sample: tokenizer {}, temperature {}{}, top-k {}, context window {} tokens{}", tok_kind,
-                 sopt.temperature, sopt.temperature == 0 ? " (greedy)" : "", sopt.top_k, window,
-                 card->seq_len > 0 ? " (the trained length)" : "");
-    std::vector<int32_t> out = Sample(**model, ids, sopt);
-    fmt::print("{}{}\n", prompt, (*tok)->Decode(out));
-    return 0;
+    sa.options.seed = static_cast<uint64_t>(sample_seed);
+    sa.temperature_given = temp_opt->count() > 0;
+    sa.top_k_given = topk_opt->count() > 0;
+    return CmdSample(sa);
   }
 
   if (exp->parsed()) {

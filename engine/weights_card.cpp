@@ -6,6 +6,7 @@
 
 #include "model/json_util.h"
 #include "model/safetensors.h"
+#include "model/tokenizer.h"
 
 namespace tf {
 namespace {
@@ -31,6 +32,27 @@ std::map<std::string, std::string> WeightsCard::ToMetadata() const {
   if (world > 0) m[kMetaWorld] = std::to_string(world);
   if (!train_config.is_null()) m[kMetaTrainConfig] = train_config.dump();
   return m;
+}
+
+std::optional<int64_t> WeightsCard::RunInt(const std::string& key) const {
+  if (!train_config.is_object() || !train_config.contains(key) || !train_config[key].is_number_integer()) {
+    return std::nullopt;
+  }
+  return train_config[key].get<int64_t>();
+}
+
+std::optional<double> WeightsCard::RunNumber(const std::string& key) const {
+  if (!train_config.is_object() || !train_config.contains(key) || !train_config[key].is_number()) return std::nullopt;
+  return train_config[key].get<double>();
+}
+
+std::optional<std::string> WeightsCard::RunString(const std::string& key) const {
+  if (!train_config.is_object() || !train_config.contains(key) || !train_config[key].is_string()) return std::nullopt;
+  return train_config[key].get<std::string>();
+}
+
+std::string WeightsCard::TokenizerFor(const GPT2Config& m) const {
+  return tokenizer.empty() ? TokenizerKindForVocab(m.vocab_size) : tokenizer;
 }
 
 StatusOr<WeightsCard> WeightsCardFromMetadata(const std::map<std::string, std::string>& meta,

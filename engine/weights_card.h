@@ -35,6 +35,13 @@ struct WeightsCard {
   nlohmann::json train_config;       // the run's training config (TrainConfigToJson); null if absent
 
   std::map<std::string, std::string> ToMetadata() const;
+  // The training config's value of `key`, when the run recorded one of that JSON type.
+  std::optional<int64_t> RunInt(const std::string& key) const;
+  std::optional<double> RunNumber(const std::string& key) const;
+  std::optional<std::string> RunString(const std::string& key) const;
+  // The tokenizer the model's ids belong to: the recorded one, else what `model`'s vocab_size
+  // implies (TokenizerKindForVocab); "" when neither says.
+  std::string TokenizerFor(const GPT2Config& model) const;
 };
 
 // Parses the metadata of a weights file (the file's tensors are not read). A malformed value is
