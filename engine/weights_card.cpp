@@ -20,6 +20,13 @@ Status ParseInt(const std::string& text, const char* key, const std::string& pat
   return Status::OK();
 }
 
+// A metadata value that does not parse is a damaged file, not a user's mistake.
+template <typename T>
+StatusOr<T> AsCorruption(StatusOr<T> r) {
+  if (r.ok()) return r;
+  return Status(StatusCode::kCorruption, r.status().message());
+}
+
 }  // namespace
 
 std::map<std::string, std::string> WeightsCard::ToMetadata() const {
@@ -64,8 +71,8 @@ StatusOr<WeightsCard> WeightsCardFromMetadata(const std::map<std::string, std::s
   };
   if (const std::string* v = get(kMetaModelConfig)) {
     const std::string source = fmt::format("{} (metadata {})", path, kMetaModelConfig);
-    TF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(*v, source, /*allow_comments=*/false));
-    TF_ASSIGN_OR_RETURN(c.model, ParseModelConfig(j, source));
+    TF_ASSIGN_OR_RETURN(nlohmann::json j, AsCorruption(ParseJson(*v, source, /*allow_comments=*/false)));
+    TF_ASSIGN_OR_RETURN(c.model, AsCorruption(ParseModelConfig(j, source)));
   }
   if (const std::string* v = get(kMetaStep)) TF_RETURN_IF_ERROR(ParseInt(*v, kMetaStep, path, &c.step));
   if (const std::string* v = get(kMetaTokenizer)) {
@@ -81,7 +88,7 @@ StatusOr<WeightsCard> WeightsCardFromMetadata(const std::map<std::string, std::s
   if (const std::string* v = get(kMetaWorld)) TF_RETURN_IF_ERROR(ParseInt(*v, kMetaWorld, path, &c.world));
   if (const std::string* v = get(kMetaTrainConfig)) {
     const std::string source = fmt::format("{} (metadata {})", path, kMetaTrainConfig);
-    TF_ASSIGN_OR_RETURN(c.train_config, ParseJson(*v, source, /*allow_comments=*/false));
+    TF_ASSIGN_OR_RETURN(c.train_config, AsCorruption(ParseJson(*v, source, /*allow_comments=*/false)));
     if (!c.train_config.is_object()) return Status::Corruption("{}: not a JSON object", source);
   }
   if (c.model && c.seq_len > c.model->block_size) {
