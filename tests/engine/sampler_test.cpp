@@ -52,6 +52,7 @@ class SamplerTest : public ::testing::Test {
     train.sample_tokens = 0;
     train.shuffle = true;
     train.device = "cpu";
+    train.threads = 1;  // a model this small only waits on a second thread (and CTest runs two tests at once)
     train.train_data = (dir_ / "train.bin").string();
     train.out_dir = (dir_ / "out").string();
     auto trainer = Trainer::Create(model_, train, Trainer::Options{.print_progress = false, .write_outputs = false});
