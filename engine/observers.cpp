@@ -107,6 +107,16 @@ class ProgressObserver final : public StepObserver {
     fmt::print("train: {} steps x {} tokens (B={}, T={}, accum={}, ranks={}); data {} tokens, val {} tokens\n",
                c.max_steps, c.tokens_per_step() * world, c.batch_size, c.seq_len, c.grad_accum_steps, world,
                t.train_data().num_tokens(), t.val_data() ? t.val_data()->num_tokens() : 0);
+    if (const DataLoader* val = t.val_data(); val != nullptr && c.eval_batches > 0) {
+      // Evaluation reads its batches from the start of the file; a short file wraps around.
+      const int64_t reads = int64_t{c.eval_batches} * world * c.batch_size * c.seq_len + 1;
+      if (val->num_tokens() < reads) {
+        spdlog::warn("{} holds {} tokens, but each evaluation reads {} ({} batches of {} x {} on each of {} rank{}): "
+                     "it reads parts of the file more than once; lower eval_batches or use more validation data",
+                     val->name(), val->num_tokens(), reads, c.eval_batches, c.batch_size, c.seq_len, world,
+                     world == 1 ? "" : "s");
+      }
+    }
     if (t.step() > 0) fmt::print("resumed at step {} from {}\n", t.step(), c.resume_state);
     std::fflush(stdout);
     first_ = t.step();

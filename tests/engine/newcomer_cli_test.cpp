@@ -284,6 +284,10 @@ TEST_F(NewcomerCli, MessagesAndHelpSayWhatIsTrue) {
   EXPECT_EQ(r.out.find("mfu="), std::string::npos) << r;
   EXPECT_EQ(r.out.find("device_used_gb="), std::string::npos) << r;
   EXPECT_NE(r.out.find("K params"), std::string::npos) << r;
+  // Evaluating more than the validation file holds is said, not done silently.
+  r = Train({"--train_data", TokenFile("train.bin"), "--val_data", TokenFile("val.bin", 100), "--eval_batches", "20"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.err.find("val.bin holds 100 tokens, but each evaluation reads 161"), std::string::npos) << r;
   // A JSON syntax error names the line and column.
   std::ofstream(Path("broken.json")) << "{\"n_layer\": 2,\n  \"n_head\" 2}";
   ExpectCleanFailure(Train({"--train_data", TokenFile("train.bin")}, Path("broken.json")),
