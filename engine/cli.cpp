@@ -251,8 +251,9 @@ int CmdEval(EvalArgs a) {
                                         a.data, full, full == 1 ? "" : "es", a.batch, T, batches));
   }
   if (batches > full) {
-    note = fmt::format("; the file holds {} whole batch{}, so batches after that repeat its start", full,
-                       full == 1 ? "" : "es");
+    note = full == 0 ? std::string("; the file holds less than one batch, so its start repeats")
+                     : fmt::format("; the file holds {} whole batch{}, so batches after that repeat its start", full,
+                                   full == 1 ? "" : "es");
   }
   TrainConfig tc;
   tc.batch_size = a.batch;
