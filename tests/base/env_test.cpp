@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/test_dir.h"
+
 namespace tf {
 namespace {
 
@@ -19,14 +21,6 @@ namespace fs = std::filesystem;
 
 class EnvTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = (fs::path(::testing::TempDir()) / ("tf_env_" + std::string(info->name()) + "_" +
-                                              std::to_string(::getpid()))).string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
   std::string Read(const std::string& path) const {
     auto r = Env::Default()->ReadFileToString(path);
@@ -38,7 +32,8 @@ class EnvTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? *r : std::vector<std::string>{};
   }
-  std::string dir_;
+  testing_util::TestDir tmp_{"tf_env"};
+  std::string dir_ = tmp_.path();
 };
 
 TEST_F(EnvTest, WriteReadRoundTripAndListing) {

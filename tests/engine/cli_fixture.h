@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/token_file.h"
+#include "tests/test_dir.h"
 
 namespace tf::cli_testing {
 
@@ -63,12 +64,7 @@ class CliFixture : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(fs::exists(kBinary)) << kBinary << " is not built";
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / ("tf_cli_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -116,7 +112,8 @@ class CliFixture : public ::testing::Test {
     return Run(args);
   }
 
-  fs::path dir_;
+  testing_util::TestDir tmp_{"tf_cli"};
+  fs::path dir_ = tmp_.path();
 };
 
 }  // namespace tf::cli_testing

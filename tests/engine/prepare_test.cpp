@@ -17,6 +17,7 @@
 
 #include "base/fault_env.h"
 #include "engine/token_file.h"
+#include "tests/test_dir.h"
 
 namespace tf {
 namespace {
@@ -26,16 +27,11 @@ namespace fs = std::filesystem;
 class PrepareTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = (fs::path(::testing::TempDir()) / ("tf_prepare_" + std::string(info->name()) + "_" +
-                                              std::to_string(::getpid()))).string();
-    fs::remove_all(dir_);
     fs::create_directories(dir_ + "/text");
     options_.out_dir = dir_ + "/data";
     options_.delimiter = "%";
     options_.val_fraction = 0.3;
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // A corpus of `docs` documents whose text depends on `tag` (so two corpora give different files).
   void WriteCorpus(const std::string& tag, int docs) {
@@ -94,7 +90,8 @@ class PrepareTest : public ::testing::Test {
     return static_cast<double>(r.val_tokens) / static_cast<double>(r.train_tokens + r.val_tokens);
   }
 
-  std::string dir_;
+  testing_util::TestDir tmp_{"tf_prepare"};
+  std::string dir_ = tmp_.path();
   PrepareOptions options_;
 };
 

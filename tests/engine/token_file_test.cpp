@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/test_dir.h"
+
 namespace tf {
 namespace {
 
@@ -24,14 +26,6 @@ static_assert(kTokenFileHeaderBytes == 1024);
 
 class TokenFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) /
-           ("tf_token_file_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
   std::string WriteBytes(const std::string& name, const std::string& bytes) const {
@@ -63,7 +57,8 @@ class TokenFileTest : public ::testing::Test {
     return names;
   }
 
-  fs::path dir_;
+  testing_util::TestDir tmp_{"tf_token_file"};
+  fs::path dir_ = tmp_.path();
 };
 
 void ExpectError(const StatusOr<std::vector<uint16_t>>& r, StatusCode code,
