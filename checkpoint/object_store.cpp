@@ -1,0 +1,102 @@
+#include "checkpoint/object_store.h"
+
+#include <algorithm>
+#include <functional>
+
+namespace tf::checkpoint {
+namespace {
+
+bool KeyChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+         c == '-';
+}
+
+class PosixStore final : public ObjectStore {
+ public:
+  PosixStore(std::string root, Env* env) : root_(std::move(root)), env_(env) {}
+
+  Status Put(const std::string& key, std::string_view data) override {
+    TF_RETURN_IF_ERROR(ValidateKey(key));
+    const std::string path = Path(key);
+    TF_RETURN_IF_ERROR(env_->CreateDirs(path.substr(0, path.rfind('/'))));
+    return env_->WriteFileAtomically(path, data);
+  }
+
+  StatusOr<std::string> Get(const std::string& key) override {
+    TF_RETURN_IF_ERROR(ValidateKey(key));
+    auto data = env_->ReadFileToString(Path(key), uint64_t{1} << 40);
+    if (!data.ok() && data.status().code() == StatusCode::kNotFound) {
+      return Status::NotFound("{}: no object '{}'", root_, key);
+    }
+    return data;
+  }
+
+  StatusOr<std::vector<std::string>> List(const std::string& prefix) override {
+    std::vector<std::string> keys;
+    // Walks only the directories a matching key can be under.
+    std::function<Status(const std::string&)> walk = [&](const std::string& dir_key) -> Status {
+      const std::string dir = dir_key.empty() ? root_ : Path(dir_key);
+      TF_ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(dir));
+      for (const std::string& name : names) {
+        if (name.find(".tmp.") != std::string::npos) continue;  // an atomic write in progress or abandoned
+        const std::string key = dir_key.empty() ? name : dir_key + "/" + name;
+        const size_t n = std::min(key.size(), prefix.size());
+        if (key.compare(0, n, prefix, 0, n) != 0) continue;
+        TF_ASSIGN_OR_RETURN(const FileInfo info, env_->Stat(dir + "/" + name));
+        if (info.is_directory) {
+          TF_RETURN_IF_ERROR(walk(key));
+        } else if (info.is_regular && key.size() >= prefix.size()) {
+          keys.push_back(key);
+        }
+      }
+      return Status::OK();
+    };
+    TF_RETURN_IF_ERROR(walk(""));
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  }
+
+  Status Delete(const std::string& key) override {
+    TF_RETURN_IF_ERROR(ValidateKey(key));
+    TF_ASSIGN_OR_RETURN(const FileInfo info, env_->Stat(Path(key)));
+    if (!info.exists) return Status::OK();
+    return env_->RemoveFile(Path(key));
+  }
+
+  const std::string& location() const override { return root_; }
+
+ private:
+  std::string Path(const std::string& key) const { return root_ + "/" + key; }
+
+  const std::string root_;
+  Env* const env_;
+};
+
+}  // namespace
+
+Status ValidateKey(const std::string& key) {
+  bool ok = !key.empty() && key.front() != '/' && key.back() != '/' && key.find(".tmp.") == std::string::npos;
+  for (size_t begin = 0; ok && begin <= key.size();) {
+    size_t end = key.find('/', begin);
+    if (end == std::string::npos) end = key.size();
+    const std::string_view segment(key.data() + begin, end - begin);
+    ok = !segment.empty() && segment != "." && segment != ".." && std::all_of(segment.begin(), segment.end(), KeyChar);
+    begin = end + 1;
+  }
+  if (!ok) {
+    return Status::InvalidArgument("'{}' is not an object key ('/'-separated names of letters, digits, '.', '_', '-', "
+                                   "without '.tmp.')",
+                                   key);
+  }
+  return Status::OK();
+}
+
+StatusOr<std::unique_ptr<ObjectStore>> OpenPosixStore(const std::string& root, Env* env) {
+  if (root.empty()) return Status::InvalidArgument("checkpoint directory is empty");
+  std::string r = root;
+  while (r.size() > 1 && r.back() == '/') r.pop_back();
+  TF_RETURN_IF_ERROR(env->CreateDirs(r));
+  return std::unique_ptr<ObjectStore>(new PosixStore(r, env));
+}
+
+}  // namespace tf::checkpoint

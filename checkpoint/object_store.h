@@ -1,0 +1,46 @@
+// ObjectStore: where checkpoints live — a flat namespace of immutable objects named by keys
+// ("step-000000000100/params.r0.bin") under a root: a directory on a local or shared POSIX file
+// system here, an S3 bucket and prefix later. Put is atomic: an object appears whole or not at all
+// (POSIX: temp file, fsync, rename, directory fsync through Env::WriteFileAtomically), so an object
+// written last — the manifest — commits everything written before it. No operation relies on
+// locking or on rename across directories, so shared mounts (NFS, Lustre, CephFS) behave like a
+// local disk given close-to-open consistency (docs/checkpoints.md).
+//
+// Keys: non-empty, '/'-separated segments of [A-Za-z0-9._-], no segment "." or "..", no ".tmp."
+// (the POSIX store's temporary files); anything else is InvalidArgument naming the key. Thread safety: every method may be called from many threads at
+// once for distinct keys.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/env.h"
+#include "base/status.h"
+
+namespace tf::checkpoint {
+
+class ObjectStore {
+ public:
+  virtual ~ObjectStore() = default;
+  // Writes `data` as object `key`, replacing any object of that name atomically.
+  virtual Status Put(const std::string& key, std::string_view data) = 0;
+  // The whole object; NotFound naming it when there is none.
+  virtual StatusOr<std::string> Get(const std::string& key) = 0;
+  // Every key that starts with `prefix` ("" = all), sorted.
+  virtual StatusOr<std::vector<std::string>> List(const std::string& prefix) = 0;
+  // Removes the object; OK when it does not exist.
+  virtual Status Delete(const std::string& key) = 0;
+  // Where the objects are, for messages: "/mnt/nfs/run1".
+  virtual const std::string& location() const = 0;
+};
+
+// OK when `key` is a valid object key (see above), else InvalidArgument naming it.
+Status ValidateKey(const std::string& key);
+
+// A store rooted at directory `root` of `env`'s file system; the directory is created if missing.
+// InvalidArgument when `root` exists and is not a directory.
+StatusOr<std::unique_ptr<ObjectStore>> OpenPosixStore(const std::string& root, Env* env = Env::Default());
+
+}  // namespace tf::checkpoint
