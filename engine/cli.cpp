@@ -19,6 +19,7 @@
 #include "engine/env_report.h"
 #include "engine/data_loader.h"
 #include "engine/prepare.h"
+#include "engine/checkpoint_cli.h"
 #include "engine/sampler.h"
 #include "engine/train_config.h"
 #include "engine/trainer.h"
@@ -443,6 +444,8 @@ int RunCli(int argc, char** argv) {
       ->capture_default_str();
 
   // env
+  const auto checkpoints = AddCheckpointCommands(app);
+
   auto* env = app.add_subcommand("env", "What this build is and finds here: CUDA, GPUs, cuBLASLt, NCCL, cuDNN, MPI");
 
   // bench
@@ -566,6 +569,10 @@ int RunCli(int argc, char** argv) {
     return 0;
   }
 
+  if (CheckpointCommandParsed(*checkpoints)) {
+    const Status s = RunCheckpointCommand(*checkpoints);
+    return s.ok() ? kExitOk : Fail(s);
+  }
   if (env->parsed()) {
     for (const auto& [name, value] : EnvironmentReport()) fmt::print("{:<10} {}\n", name + ":", value);
     return 0;

@@ -1,0 +1,101 @@
+// `trainflow checkpoint list|inspect|verify DIR` through the real binary: a healthy directory is
+// listed and verifies; a damaged object, a missing manifest and an edited manifest are each named
+// with the step and what is wrong, and verify exits non-zero; a missing directory or a file in its
+// place is a clean error naming it.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/manifest.h"
+#include "checkpoint/object_store.h"
+#include "tests/engine/cli_fixture.h"
+
+namespace tf {
+namespace {
+
+namespace fs = std::filesystem;
+using cli_testing::CliFixture;
+using cli_testing::RunResult;
+
+class CheckpointCli : public CliFixture {
+ protected:
+  std::string WriteThree() {
+    const std::string dir = Path("ckpt");
+    auto store = checkpoint::OpenPosixStore(dir);
+    EXPECT_TRUE(store.ok());
+    for (int64_t step : {10, 20, 30}) {
+      checkpoint::Manifest m;
+      m.step = step;
+      m.code_version = "test";
+      m.state = {{"data_rows", step * 4}};
+      EXPECT_TRUE(checkpoint::WriteCheckpoint(**store, m,
+                                              {{"params.bin", std::string(2048, 'p')}, {"adam.bin", "moments"}})
+                      .ok());
+    }
+    return dir;
+  }
+};
+
+TEST_F(CheckpointCli, HealthyDirectoryIsListedInspectedAndVerified) {
+  const std::string dir = WriteThree();
+  RunResult r = Run({"checkpoint", "list", dir});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  for (const char* step : {"10", "20", "30"}) EXPECT_NE(r.out.find(std::string(step) + "  20"), std::string::npos) << r;
+  EXPECT_NE(r.out.find("2.0 KiB"), std::string::npos) << r;
+  r = Run({"checkpoint", "inspect", dir});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("step"), 30);
+  EXPECT_EQ(j.at("state").at("data_rows"), 120);
+  r = Run({"checkpoint", "inspect", dir, "--step", "10"});
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("step"), 10) << r;
+  r = Run({"checkpoint", "verify", dir});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("step 30: ok (2 objects"), std::string::npos) << r;
+}
+
+TEST_F(CheckpointCli, DamageIsNamedAndVerifyFails) {
+  const std::string dir = WriteThree();
+  {
+    std::fstream f(dir + "/step-000000000030/params.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('X');
+  }
+  fs::remove(dir + "/step-000000000020/MANIFEST.json");
+  RunResult r = Run({"checkpoint", "list", dir});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("invalid: " + dir + "/step-000000000020: no manifest"), std::string::npos) << r;
+  r = Run({"checkpoint", "verify", dir});
+  ExpectCleanFailure(r, {"2 of 3 checkpoints", "failed verification"});
+  EXPECT_NE(r.out.find("step 30: FAILED: " + dir + "/step-000000000030/params.bin: xxh64"), std::string::npos) << r;
+  EXPECT_NE(r.out.find("step 10: ok"), std::string::npos) << r;
+  r = Run({"checkpoint", "verify", dir, "--step", "10"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  // inspect skips to the newest valid manifest; an edited manifest is named by its checksum.
+  r = Run({"checkpoint", "inspect", dir});
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("step"), 30) << r;  // its manifest is intact
+  std::string text = cli_testing::ReadAll(dir + "/step-000000000010/MANIFEST.json");
+  text.replace(text.find("\"data_rows\": 40"), 15, "\"data_rows\": 41");
+  std::ofstream(dir + "/step-000000000010/MANIFEST.json", std::ios::trunc) << text;
+  r = Run({"checkpoint", "inspect", dir, "--step", "10"});
+  ExpectCleanFailure(r, {"step-000000000010/MANIFEST.json", "checksum"});
+  ExpectCleanFailure(Run({"checkpoint", "inspect", dir, "--step", "15"}), {"no checkpoint of step 15"});
+}
+
+TEST_F(CheckpointCli, BadDirectoriesAreNamed) {
+  ExpectCleanFailure(Run({"checkpoint", "list", Path("nowhere")}), {Path("nowhere"), "no such checkpoint directory"});
+  EXPECT_FALSE(fs::exists(Path("nowhere")));  // reading never creates it
+  std::ofstream(Path("file")) << "x";
+  ExpectCleanFailure(Run({"checkpoint", "verify", Path("file")}), {Path("file"), "not a directory"});
+  fs::create_directories(Path("empty"));
+  RunResult r = Run({"checkpoint", "list", Path("empty")});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("no checkpoints"), std::string::npos) << r;
+  ExpectCleanFailure(Run({"checkpoint", "verify", Path("empty")}), {"no checkpoints"});
+  ExpectCleanFailure(Run({"checkpoint"}), {});
+}
+
+}  // namespace
+}  // namespace tf
