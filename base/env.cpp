@@ -253,6 +253,11 @@ Status Env::WriteFileAtomically(const std::string& path, const std::function<Sta
   return SyncDir(DirName(path)).WithContext(fmt::format("writing '{}'", path));
 }
 
+Status Env::RemoveDir(const std::string& dir) {
+  if (::rmdir(dir.c_str()) != 0) return Errno("cannot remove directory", dir, errno);
+  return Status::OK();
+}
+
 Status Env::WriteFileAtomically(const std::string& path, std::string_view content) {
   return WriteFileAtomically(path, [content](WritableFile* f) { return f->Append(content); });
 }

@@ -65,6 +65,8 @@ class Env {
   virtual StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) = 0;
   virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
   virtual Status RemoveFile(const std::string& path) = 0;
+  // Removes an empty directory (IOError naming it otherwise, e.g. when it is not empty).
+  virtual Status RemoveDir(const std::string& dir);
   virtual Status SyncDir(const std::string& dir) = 0;
   // mkdir -p; InvalidArgument when a component exists and is not a directory.
   virtual Status CreateDirs(const std::string& dir) = 0;

@@ -60,7 +60,12 @@ class PosixStore final : public ObjectStore {
     TF_RETURN_IF_ERROR(ValidateKey(key));
     TF_ASSIGN_OR_RETURN(const FileInfo info, env_->Stat(Path(key)));
     if (!info.exists) return Status::OK();
-    return env_->RemoveFile(Path(key));
+    TF_RETURN_IF_ERROR(env_->RemoveFile(Path(key)));
+    // Directories the key emptied go too (an object store has no directories to leave behind).
+    for (size_t slash = key.rfind('/'); slash != std::string::npos && slash > 0; slash = key.rfind('/', slash - 1)) {
+      if (!env_->RemoveDir(Path(key.substr(0, slash))).ok()) break;
+    }
+    return Status::OK();
   }
 
   const std::string& location() const override { return root_; }

@@ -43,4 +43,8 @@ Status ValidateKey(const std::string& key);
 // InvalidArgument when `root` exists and is not a directory.
 StatusOr<std::unique_ptr<ObjectStore>> OpenPosixStore(const std::string& root, Env* env = Env::Default());
 
+// The store `location` names: "s3://bucket/prefix" (checkpoint/s3_store.h, configured from the AWS_*
+// environment and ~/.aws), else a POSIX directory of `env`.
+StatusOr<std::unique_ptr<ObjectStore>> OpenStore(const std::string& location, Env* env = Env::Default());
+
 }  // namespace tf::checkpoint

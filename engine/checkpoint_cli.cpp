@@ -2,15 +2,18 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/object_store.h"
+#include "engine/weights_card.h"
+#include "model/gpt2_weights.h"
 
 namespace tf {
 
 struct CheckpointCommands {
   CLI::App* group = nullptr;
-  CLI::App *list = nullptr, *inspect = nullptr, *verify = nullptr;
-  std::string dir;
+  CLI::App *list = nullptr, *inspect = nullptr, *verify = nullptr, *exp = nullptr;
+  std::string dir, out, dtype = "fp32";
   int64_t step = -1;  // -1: the newest (inspect) or all (verify)
 };
 
@@ -31,6 +34,25 @@ uint64_t TotalBytes(const Manifest& m) {
   for (const auto& o : m.objects) n += o.bytes;
   return n;
 }
+// Bytes this checkpoint stored itself (an incremental one also lists objects of earlier ones).
+uint64_t OwnBytes(const Manifest& m) {
+  uint64_t n = 0;
+  const std::string prefix = checkpoint::CheckpointPrefix(m.step) + "/";
+  for (const auto& o : m.objects) n += o.key.starts_with(prefix) ? o.bytes : 0;
+  return n;
+}
+uint64_t StateBytes(const Manifest& m) {
+  uint64_t n = 0;
+  for (const auto& t : m.tensors) n += static_cast<uint64_t>(t.elements) * 4;
+  return n;
+}
+std::string DependsOn(const Manifest& m) {
+  std::string out;
+  for (int64_t d : checkpoint::Dependencies(m)) {
+    if (d != m.step) out += fmt::format("{}{}", out.empty() ? "" : ",", d);
+  }
+  return out.empty() ? "-" : out;
+}
 
 StatusOr<Listed> Find(const std::vector<Listed>& all, int64_t step, const std::string& where) {
   for (const Listed& l : all) {
@@ -48,10 +70,14 @@ std::shared_ptr<CheckpointCommands> AddCheckpointCommands(CLI::App& app) {
   c->list = c->group->add_subcommand("list", "Each checkpoint: step, time, kind, size, and whether its manifest is valid");
   c->inspect = c->group->add_subcommand("inspect", "Print a checkpoint's manifest (default: the newest valid one)");
   c->verify = c->group->add_subcommand("verify", "Read every object and check its size and checksum (default: all)");
-  for (CLI::App* sub : {c->list, c->inspect, c->verify}) {
-    sub->add_option("DIR", c->dir, "Checkpoint directory")->required();
+  c->exp = c->group->add_subcommand(
+      "export", "Write a checkpoint's weights as Hugging Face GPT-2 files (model.safetensors + config.json)");
+  for (CLI::App* sub : {c->list, c->inspect, c->verify, c->exp}) {
+    sub->add_option("DIR", c->dir, "Checkpoint directory or s3://bucket/prefix")->required();
   }
-  for (CLI::App* sub : {c->inspect, c->verify}) {
+  c->exp->add_option("--out", c->out, "Output directory")->required();
+  c->exp->add_option("--dtype", c->dtype, "fp32, fp16 or bf16")->capture_default_str();
+  for (CLI::App* sub : {c->inspect, c->verify, c->exp}) {
     sub->add_option("--step", c->step, "The checkpoint of this step")->check(CLI::Range(int64_t{0}, INT64_MAX));
   }
   return c;
@@ -61,10 +87,12 @@ bool CheckpointCommandParsed(const CheckpointCommands& c) { return c.group->pars
 
 Status RunCheckpointCommand(const CheckpointCommands& c) {
   // Reading only: a directory that does not exist is an error, not created.
-  TF_ASSIGN_OR_RETURN(const FileInfo info, Env::Default()->Stat(c.dir));
-  if (!info.exists) return Status::NotFound("{}: no such checkpoint directory", c.dir);
-  if (!info.is_directory) return Status::InvalidArgument("{}: not a directory", c.dir);
-  TF_ASSIGN_OR_RETURN(auto store, checkpoint::OpenPosixStore(c.dir));
+  if (!c.dir.starts_with("s3://")) {
+    TF_ASSIGN_OR_RETURN(const FileInfo info, Env::Default()->Stat(c.dir));
+    if (!info.exists) return Status::NotFound("{}: no such checkpoint directory", c.dir);
+    if (!info.is_directory) return Status::InvalidArgument("{}: not a directory", c.dir);
+  }
+  TF_ASSIGN_OR_RETURN(auto store, checkpoint::OpenStore(c.dir));
   TF_ASSIGN_OR_RETURN(const std::vector<Listed> all, checkpoint::ListCheckpoints(*store));
 
   if (c.list->parsed()) {
@@ -72,16 +100,63 @@ Status RunCheckpointCommand(const CheckpointCommands& c) {
       fmt::print("{}: no checkpoints\n", c.dir);
       return Status::OK();
     }
-    fmt::print("{:>12}  {:<20}  {:<11}  {:>7}  {:>10}  {}\n", "step", "created", "kind", "objects", "size", "state");
+    fmt::print("{:>12}  {:<20}  {:<11}  {:>5}  {:>7}  {:>10}  {:>10}  {:<10}  {}\n", "step", "created", "kind", "ranks",
+               "objects", "state", "stored", "depends", "manifest");
     for (const Listed& l : all) {
       if (l.manifest) {
         const Manifest& m = *l.manifest;
-        fmt::print("{:>12}  {:<20}  {:<11}  {:>7}  {:>10}  manifest valid (objects unverified: `verify` reads them)\n",
-                   l.step, m.created, m.kind, m.objects.size(), Bytes(TotalBytes(m)));
+        fmt::print("{:>12}  {:<20}  {:<11}  {:>5}  {:>7}  {:>10}  {:>10}  {:<10}  valid (objects unverified: `verify` "
+                   "reads them)\n",
+                   l.step, m.created, m.kind, m.world, m.objects.size(), Bytes(StateBytes(m)), Bytes(OwnBytes(m)),
+                   DependsOn(m));
       } else {
-        fmt::print("{:>12}  {:<20}  {:<11}  {:>7}  {:>10}  invalid: {}\n", l.step, "-", "-", "-", "-", l.problem.message());
+        fmt::print("{:>12}  {:<20}  {:<11}  {:>5}  {:>7}  {:>10}  {:>10}  {:<10}  invalid: {}\n", l.step, "-", "-", "-",
+                   "-", "-", "-", "-", l.problem.message());
       }
     }
+    return Status::OK();
+  }
+
+  if (c.exp->parsed()) {
+    SafetensorsDtype dt;
+    if (c.dtype == "fp32" || c.dtype == "f32") dt = SafetensorsDtype::kF32;
+    else if (c.dtype == "fp16" || c.dtype == "f16") dt = SafetensorsDtype::kF16;
+    else if (c.dtype == "bf16") dt = SafetensorsDtype::kBF16;
+    else return Status::InvalidArgument("--dtype must be fp32, fp16 or bf16, got '{}'", c.dtype);
+    const Manifest* m = nullptr;
+    for (auto it = all.rbegin(); it != all.rend() && m == nullptr; ++it) {
+      if (c.step >= 0 && it->step != c.step) continue;
+      if (!it->manifest) {
+        if (c.step >= 0) return it->problem;
+        continue;
+      }
+      m = &*it->manifest;
+    }
+    if (m == nullptr) {
+      return c.step >= 0 ? Status::NotFound("{}: no checkpoint of step {}", c.dir, c.step)
+                         : Status::NotFound("{}: no checkpoint with a valid manifest", c.dir);
+    }
+    const std::string where = fmt::format("{}/{}", store->location(), checkpoint::CheckpointPrefix(m->step));
+    if (!m->state.contains("weights_card") || !m->state["weights_card"].is_object()) {
+      return Status::Corruption("{}: the manifest's state has no weights card", where);
+    }
+    std::map<std::string, std::string> meta;
+    for (const auto& [k, v] : m->state["weights_card"].items()) {
+      if (!v.is_string()) return Status::Corruption("{}: weights card entry '{}' is not a string", where, k);
+      meta[k] = v.get<std::string>();
+    }
+    TF_ASSIGN_OR_RETURN(const WeightsCard card, WeightsCardFromMetadata(meta, where));
+    if (!card.model) return Status::Corruption("{}: the weights card has no model config", where);
+    const checkpoint::TensorEntry* params = m->FindTensor("params");
+    if (params == nullptr) return Status::Corruption("{}: no tensor 'params'", where);
+    std::vector<float> values(static_cast<size_t>(params->elements));
+    TF_RETURN_IF_ERROR(checkpoint::ReadTensorRange(*store, *m, "params", 0, params->elements, values));
+    TF_RETURN_IF_ERROR(Env::Default()->CheckWritableDir(c.out));
+    const std::string path = c.out + "/model.safetensors";
+    TF_RETURN_IF_ERROR(ExportHFWeights(path, *card.model, values, card.ToMetadata(), dt));
+    TF_RETURN_IF_ERROR(
+        Env::Default()->WriteFileAtomically(c.out + "/config.json", HFConfigJson(*card.model, card.tokenizer, dt)));
+    fmt::print("checkpoint export: wrote {} (step {}, {}) and config.json\n", path, m->step, c.dtype);
     return Status::OK();
   }
 

@@ -117,7 +117,7 @@ class ProgressObserver final : public StepObserver {
                      world == 1 ? "" : "s");
       }
     }
-    if (t.step() > 0) fmt::print("resumed at step {} from {}\n", t.step(), c.resume_state);
+    if (!t.resumed_from().empty()) fmt::print("{}\n", t.resumed_from());
     std::fflush(stdout);
     first_ = t.step();
     return Status::OK();
@@ -138,8 +138,9 @@ class ProgressObserver final : public StepObserver {
       std::fflush(stdout);
     }
     if (s.stopping) {
-      fmt::print("stopping after step {} of {} ({}); writing the outputs and the training state\n", s.step, max_steps,
-                 s.interrupted ? "a stop was requested: SIGINT, SIGTERM or a peer" : "stop_at_step");
+      fmt::print("stopping after step {} of {} ({}); writing the outputs and {}\n", s.step, max_steps,
+                 s.interrupted ? "a stop was requested: SIGINT, SIGTERM or a peer" : "stop_at_step",
+                 t.config().checkpoint_dir.empty() ? "the training state" : "a checkpoint");
       std::fflush(stdout);
     }
     return Status::OK();
@@ -174,6 +175,7 @@ class MetricsJsonlObserver final : public StepObserver {
       if (s.comm_ms > 0) line["comm_GBps"] = s.wire_bytes / (s.comm_ms * 1e6);  // achieved, inside collectives
     }
     if (s.val_loss) line["val_loss"] = *s.val_loss;
+    if (s.checkpoint_stall_ms > 0) line["checkpoint_stall_ms"] = s.checkpoint_stall_ms;
     return Append(line.dump() + "\n");
   }
   Status OnEnd(Trainer& t, const TrainResult&) override {

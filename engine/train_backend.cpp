@@ -19,6 +19,13 @@ Status CheckSizes(const ParameterLayout& layout, size_t a, size_t b, const char*
   return Status::OK();
 }
 
+Status CheckRange(const ParameterLayout& layout, int64_t begin, int64_t end) {
+  if (begin < 0 || begin > end || end > layout.total()) {
+    return Status::InvalidArgument("SnapshotState: elements [{}, {}) of {} parameters", begin, end, layout.total());
+  }
+  return Status::OK();
+}
+
 class CpuBackend final : public TrainBackend {
  public:
   CpuBackend(std::unique_ptr<GPT2> model, std::unique_ptr<AdamW> optimizer)
@@ -65,6 +72,14 @@ class CpuBackend final : public TrainBackend {
     std::copy(v.begin(), v.end(), optimizer_->v().begin());
     return Status::OK();
   }
+  Status SnapshotState(int64_t begin, int64_t end, float* params, float* m, float* v) override {
+    TF_RETURN_IF_ERROR(CheckRange(layout(), begin, end));
+    const auto n = static_cast<size_t>(end - begin);
+    std::copy_n(model_->params().begin() + begin, n, params);
+    std::copy_n(optimizer_->m().begin() + begin, n, m);
+    std::copy_n(optimizer_->v().begin() + begin, n, v);
+    return Status::OK();
+  }
   comm::GradientBuffer gradient_buffer() override {
     return comm::GradientBuffer{.data = model_->grads().data(),
                                 .dtype = comm::DataType::kF32,
@@ -104,7 +119,54 @@ class CudaBackend final : public TrainBackend {
     return model_->ForwardBackwardAccumulate(inputs, targets, B, T, grad_scale);
   }
   StatusOr<double> TakeLossSum() override { return model_->TakeLossSum(); }
-  StatusOr<float> OptimizerStep(double lr, int64_t t) override { return model_->Step(adamw_, lr, t); }
+  ~CudaBackend() override {
+    if (state_ready_ != nullptr) {
+      cudaStreamSynchronize(model_->copy_stream());
+      cudaEventDestroy(state_ready_);
+      cudaEventDestroy(snapshot_done_);
+    }
+  }
+  StatusOr<float> OptimizerStep(double lr, int64_t t) override {
+    if (snapshot_pending_) {
+      // The update must not overwrite state a checkpoint copy is still reading.
+      TF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(model_->compute_stream(), snapshot_done_, 0));
+      snapshot_pending_ = false;
+    }
+    return model_->Step(adamw_, lr, t);
+  }
+  Status SnapshotState(int64_t begin, int64_t end, float* params, float* m, float* v) override {
+    TF_RETURN_IF_ERROR(CheckRange(layout(), begin, end));
+    cudaStream_t copy = model_->copy_stream();
+    if (state_ready_ == nullptr) {
+      TF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&state_ready_, cudaEventDisableTiming));
+      TF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&snapshot_done_, cudaEventDisableTiming));
+    }
+    const size_t bytes = static_cast<size_t>(end - begin) * sizeof(float);
+    TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(state_ready_, model_->compute_stream()));
+    TF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, state_ready_, 0));
+    const cudaMemcpyKind d2h = cudaMemcpyDeviceToHost;
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(params, model_->master_device() + begin, bytes, d2h, copy));
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m, model_->adam_m_device() + begin, bytes, d2h, copy));
+    TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v, model_->adam_v_device() + begin, bytes, d2h, copy));
+    TF_CUDA_RETURN_IF_ERROR(cudaEventRecord(snapshot_done_, copy));
+    snapshot_pending_ = true;
+    return Status::OK();
+  }
+  Status WaitSnapshot() override {
+    if (state_ready_ == nullptr) return Status::OK();
+    TF_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // the writer thread's current device
+    TF_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(snapshot_done_));
+    return Status::OK();
+  }
+  float* AllocateHost(size_t elements) override {
+    void* p = nullptr;
+    if (cudaSetDevice(device_) != cudaSuccess ||
+        cudaHostAlloc(&p, std::max<size_t>(elements, 1) * sizeof(float), cudaHostAllocDefault) != cudaSuccess) {
+      return nullptr;
+    }
+    return static_cast<float*>(p);
+  }
+  void FreeHost(float* p) override { cudaFreeHost(p); }
   Status GetParams(std::span<float> out) override { return model_->StoreParams(out); }
   Status SetParams(std::span<const float> in) override { return model_->LoadParams(in); }
   Status GetOptimizerState(std::span<float> m, std::span<float> v) override {
@@ -139,6 +201,8 @@ class CudaBackend final : public TrainBackend {
   std::unique_ptr<GPT2Cuda> model_;
   AdamWConfig adamw_;
   int device_;
+  cudaEvent_t state_ready_ = nullptr, snapshot_done_ = nullptr;
+  bool snapshot_pending_ = false;
 };
 #endif
 

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <utility>
@@ -59,6 +60,17 @@ class TrainBackend {
   // AdamW's first and second moments (fp32, ParameterLayout order).
   virtual Status GetOptimizerState(std::span<float> m, std::span<float> v) = 0;
   virtual Status SetOptimizerState(std::span<const float> m, std::span<const float> v) = 0;
+
+  // A checkpoint's snapshot: elements [begin, end) of the fp32 master parameters and of both
+  // moments into host buffers of AllocateHost. The CPU copies now. CUDA: queued on a copy stream
+  // after the last optimizer step; the next OptimizerStep waits for it (the forward/backward in
+  // between overlap the copy), and WaitSnapshot (any thread) blocks until it is done.
+  virtual Status SnapshotState(int64_t begin, int64_t end, float* params, float* m, float* v) = 0;
+  virtual Status WaitSnapshot() { return Status::OK(); }
+  // Host memory for snapshots (page-locked on a GPU, so copies run asynchronously); nullptr when
+  // out of memory. FreeHost releases it.
+  virtual float* AllocateHost(size_t elements) { return new (std::nothrow) float[elements]; }
+  virtual void FreeHost(float* p) { delete[] p; }
 
   // The gradients the GradientSync averages in place, and the hook announcing final ranges
   // (model/parameters.h GradReadyRanges) during backward.

@@ -116,6 +116,16 @@ const std::map<std::string, Field>& Fields() {
       {"resume_state", Str(&TrainConfig::resume_state)},
       {"save_state", Bool(&TrainConfig::save_state)},
       {"stop_at_step", IntIn(&TrainConfig::stop_at_step, 0, int64_t{1} << 53)},
+      {"checkpoint_dir", Str(&TrainConfig::checkpoint_dir)},
+      {"checkpoint_interval", IntIn(&TrainConfig::checkpoint_interval, 0, int64_t{1} << 53)},
+      {"checkpoint_every_s", Real(&TrainConfig::checkpoint_every_s, 0.0, 1e9)},
+      {"resume", Str(&TrainConfig::resume)},
+      {"checkpoint_keep_last", IntIn(&TrainConfig::checkpoint_keep_last, 0, 1 << 20)},
+      {"checkpoint_keep_every", IntIn(&TrainConfig::checkpoint_keep_every, 0, int64_t{1} << 53)},
+      {"checkpoint_full_every", IntIn(&TrainConfig::checkpoint_full_every, 1, 1 << 20)},
+      {"checkpoint_when_busy", Str(&TrainConfig::checkpoint_when_busy)},
+      {"checkpoint_chunk_mb", Real(&TrainConfig::checkpoint_chunk_mb, 1.0 / 256, 4096.0)},
+      {"checkpoint_compress", Bool(&TrainConfig::checkpoint_compress)},
       {"seed",
        {"an integer", [](const json& v, TrainConfig* c, const std::string& key) -> Status {
           if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0)) {
@@ -197,6 +207,20 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
       return Status::InvalidArgument("{}: training config key 'compression': {}", source, codec.status().message());
     }
   }
+  if (c.checkpoint_when_busy != "skip" && c.checkpoint_when_busy != "wait") {
+    return Status::InvalidArgument("{}: training config key 'checkpoint_when_busy' must be \"skip\" or \"wait\", got '{}'",
+                                   source, c.checkpoint_when_busy);
+  }
+  if (c.resume.empty()) {
+    return Status::InvalidArgument("{}: training config key 'resume' is empty: use \"auto\", \"none\" or a checkpoint's "
+                                   "location",
+                                   source);
+  }
+  if (c.resume != "auto" && c.resume != "none" && !c.resume_state.empty()) {
+    return Status::InvalidArgument("{}: training config keys 'resume' ({}) and 'resume_state' ({}) both name a state to "
+                                   "start from: keep one",
+                                   source, c.resume, c.resume_state);
+  }
   if (c.tokens_per_step() > (int64_t{1} << 40)) {
     return Status::InvalidArgument("{}: batch_size x seq_len x grad_accum_steps is too large", source);
   }
@@ -234,6 +258,16 @@ json TrainConfigToJson(const TrainConfig& c) {
           {"resume_state", c.resume_state},
           {"save_state", c.save_state},
           {"stop_at_step", c.stop_at_step},
+          {"checkpoint_dir", c.checkpoint_dir},
+          {"checkpoint_interval", c.checkpoint_interval},
+          {"checkpoint_every_s", c.checkpoint_every_s},
+          {"resume", c.resume},
+          {"checkpoint_keep_last", c.checkpoint_keep_last},
+          {"checkpoint_keep_every", c.checkpoint_keep_every},
+          {"checkpoint_full_every", c.checkpoint_full_every},
+          {"checkpoint_when_busy", c.checkpoint_when_busy},
+          {"checkpoint_chunk_mb", c.checkpoint_chunk_mb},
+          {"checkpoint_compress", c.checkpoint_compress},
           {"seed", c.seed},
           {"threads", c.threads},
           {"shuffle", c.shuffle},

@@ -58,6 +58,22 @@ struct TrainConfig {
   std::string resume_state;
   bool save_state = false;
   int64_t stop_at_step = 0;
+  // Checkpoints (checkpoint/, docs/checkpoints.md): where (a directory on a local or shared file
+  // system, or s3://bucket/prefix), how often (steps and/or seconds; a stop and the end of the run
+  // always write one), what to resume from ("auto": the newest valid checkpoint in checkpoint_dir,
+  // if any; "none"; or one checkpoint's location), retention, incremental checkpoints (a full one
+  // every checkpoint_full_every), the policy when one is due while two are still being written
+  // ("skip" or "wait"), the chunk size and compression.
+  std::string checkpoint_dir;
+  int64_t checkpoint_interval = 0;
+  double checkpoint_every_s = 0;
+  std::string resume = "auto";
+  int checkpoint_keep_last = 3;
+  int64_t checkpoint_keep_every = 0;
+  int checkpoint_full_every = 1;
+  std::string checkpoint_when_busy = "skip";
+  double checkpoint_chunk_mb = 16;
+  bool checkpoint_compress = true;
   uint64_t seed = 1337;
   int threads = 0;  // OpenMP threads; 0 = all cores
   bool shuffle = false;

@@ -31,7 +31,9 @@ StatusOr<int64_t> GetInt(const std::map<std::string, std::string>& m, const std:
 }  // namespace
 
 std::vector<std::string> TrajectoryKeys() {
-  return {"batch_size", "seq_len",  "grad_accum_steps", "lr",          "min_lr",    "beta1",
+  // batch_size and grad_accum_steps are not: with the world size they make the global batch
+  // ("rows_per_step"), which is (Trainer::SetState), so a run may resume at another world size.
+  return {"seq_len",  "lr",          "min_lr",    "beta1",
           "beta2",      "eps",      "weight_decay",     "warmup_steps", "lr_decay", "grad_clip",
           "seed",       "shuffle",  "max_steps", "dtype",            "compression",  "bucket_mb", "first_bucket_mb",
           "error_feedback", "attention", "recompute", "gelu_fusion", "fuse_residual", "deterministic"};

@@ -24,12 +24,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-std::string TrajectoryJson(const TrainConfig& c) {
+std::string TrajectoryJson(const TrainConfig& c, int world) {
   const json all = TrainConfigToJson(c);
   json t = json::object();
   for (const std::string& k : TrajectoryKeys()) {
     if (all.contains(k)) t[k] = all[k];
   }
+  t["rows_per_step"] = int64_t{c.batch_size} * c.grad_accum_steps * world;
   return t.dump();
 }
 
@@ -102,7 +103,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
     TF_RETURN_IF_ERROR(t->comm_->Broadcast(params.data(), params.size() * sizeof(float), 0));
   }
   TF_RETURN_IF_ERROR(t->backend_->SetParams(params));
-  if (!train.resume_state.empty()) TF_RETURN_IF_ERROR(t->Resume(train.resume_state));
+  if (!train.resume_state.empty()) {
+    TF_RETURN_IF_ERROR(t->Resume(train.resume_state));
+    t->resumed_from_ = fmt::format("resumed at step {} from {}", t->step_, train.resume_state);
+  } else {
+    TF_ASSIGN_OR_RETURN(t->resumed_from_, ResumeFromCheckpoint(*t));
+  }
+  TF_ASSIGN_OR_RETURN(t->checkpointing_, TrainCheckpointing::Create(*t));
   const size_t bt = static_cast<size_t>(train.batch_size) * static_cast<size_t>(train.seq_len);
   t->inputs_.resize(bt);
   t->targets_.resize(bt);
@@ -211,6 +218,16 @@ Status Trainer::WaitForRankZero() {
   return s;
 }
 
+Status Trainer::Barrier(const std::string& activity) {
+  if (topology_.world == 1 || !comm_) return Status::OK();
+  const double deadline = comm_->timeout_seconds();
+  comm::SetActivity(activity);
+  comm_->set_timeout_seconds(1e7);
+  Status s = comm_->Barrier();
+  comm_->set_timeout_seconds(deadline);
+  return s;
+}
+
 Status Trainer::SumOverRanks(double* x, int n) {
   if (topology_.world == 1 || !comm_) return Status::OK();
   return comm_->AllReduceSum(x, n, comm::DataType::kF64);
@@ -257,11 +274,15 @@ StatusOr<StepStats> Trainer::Step() {
   // Read once per step, after the optimizer (on a GPU, the step's single synchronisation point).
   // The same reduction tells every rank whether any rank was asked to stop.
   TF_ASSIGN_OR_RETURN(const double loss_sum, backend_->TakeLossSum());
-  double reduced[2] = {loss_sum / accum, StopRequested() ? 1.0 : 0.0};
+  // One small reduction carries the loss, the stop flag and the checkpoint agreement.
+  constexpr int kN = 2 + TrainCheckpointing::kSlots;
+  double reduced[kN] = {loss_sum / accum, StopRequested() ? 1.0 : 0.0};
+  if (checkpointing_) checkpointing_->Contribute(reduced + 2);
   if (data_parallel_) comm::SetActivity(fmt::format("step {}: averaging the loss", step + 1));
-  TF_RETURN_IF_ERROR(SumOverRanks(reduced, 2));
+  TF_RETURN_IF_ERROR(SumOverRanks(reduced, checkpointing_ ? kN : 2));
   s.loss = static_cast<float>(reduced[0] / topology_.world);
   stop_agreed_ = reduced[1] > 0;
+  std::copy(reduced + 2, reduced + kN, ckpt_slots_);
   TF_ASSIGN_OR_RETURN(const comm::ReducerStats r, sync_->LastStats());
   s.comm_exposed_ms = r.exposed_ms;
   s.comm_ms = r.comm_ms;
@@ -294,25 +315,30 @@ StatusOr<std::string> Trainer::SampleText() {
 }
 
 StatusOr<TrainState> Trainer::GetState() {
-  TrainState s;
+  TrainState s = StateMeta();
   const size_t P = static_cast<size_t>(backend_->layout().total());
-  s.step = step_;
   s.params.resize(P);
   s.adam_m.resize(P);
   s.adam_v.resize(P);
   TF_RETURN_IF_ERROR(backend_->GetParams(s.params));
   TF_RETURN_IF_ERROR(backend_->GetOptimizerState(s.adam_m, s.adam_v));
   TF_RETURN_IF_ERROR(sync_->GetState(&s.ef_residual, &s.ef_server));
+  return s;
+}
+
+TrainState Trainer::StateMeta() const {
+  TrainState s;
+  s.step = step_;
   s.rank = topology_.rank;
   s.world = topology_.world;
-  s.data_rows = step_ * config_.grad_accum_steps * topology_.world * config_.batch_size;
+  s.data_rows = step_ * rows_per_step();
   s.data_seed = config_.seed;
   s.data_shuffle = config_.shuffle;
   s.data_fingerprint = train_data_->Fingerprint();
   s.sample_seed = config_.seed;
   s.codec = codec_;
   s.model_config = ModelConfigToJson(model_config_).dump();
-  s.train_config = TrajectoryJson(config_);
+  s.train_config = TrajectoryJson(config_, topology_.world);
   s.model_fingerprint = Fingerprint(s.model_config);
   s.train_fingerprint = Fingerprint(s.train_config);
   s.version = "trainflow 0.1.0";
@@ -326,9 +352,20 @@ Status Trainer::SetState(const TrainState& s) {
                                    model);
   }
   // Name the first trajectory key that differs.
-  const json mine = json::parse(TrajectoryJson(config_));
+  const json mine = json::parse(TrajectoryJson(config_, topology_.world));
   const json theirs = json::parse(s.train_config, nullptr, /*allow_exceptions=*/false);
   if (!theirs.is_object()) return Status::Corruption("the training state's training config is not a JSON object");
+  if (theirs.value("rows_per_step", int64_t{-1}) != rows_per_step()) {
+    return Status::InvalidArgument(
+        "the global batch is {} rows per step here ({} rank{} x batch_size {} x grad_accum_steps {}) but {} in the "
+        "training state: an exact resume needs the same global batch (ranks x batch_size x grad_accum_steps)",
+        rows_per_step(), topology_.world, topology_.world == 1 ? "" : "s", config_.batch_size,
+        config_.grad_accum_steps, theirs.value("rows_per_step", int64_t{-1}));
+  }
+  if (s.data_rows != s.step * rows_per_step()) {
+    return Status::InvalidArgument("the training state read {} data rows in {} steps, not {} per step", s.data_rows,
+                                   s.step, rows_per_step());
+  }
   for (const std::string& k : TrajectoryKeys()) {
     if (!theirs.contains(k) || theirs[k] != mine[k]) {
       return Status::InvalidArgument("training config key '{}' is {} in this run but {} in the training state: an "
@@ -375,6 +412,18 @@ Status Trainer::Resume(const std::string& path) {
   return SetState(s).WithContext(fmt::format("resuming from '{}'", mine));
 }
 
+WeightsCard Trainer::Card() const {
+  WeightsCard card;
+  card.model = model_config_;
+  card.step = step_;
+  card.tokenizer = config_.tokenizer == "auto" ? "" : config_.tokenizer;
+  card.tokenizer_fingerprint = card.tokenizer == "gpt2" ? tokenizer_fingerprint_ : 0;
+  card.seq_len = config_.seq_len;
+  card.world = topology_.world;
+  card.train_config = TrainConfigToJson(config_);
+  return card;
+}
+
 StatusOr<TrainResult> Trainer::Run() {
   result_ = TrainResult{};
   const int64_t max_steps = config_.max_steps;
@@ -390,6 +439,7 @@ StatusOr<TrainResult> Trainer::Run() {
     s.last = s.step == max_steps;
     s.stopping = (stop_agreed_ || planned) && !s.last;
     s.interrupted = stop_agreed_ && !s.last;  // stop soon: no evaluation or sampling
+    if (checkpointing_) TF_RETURN_IF_ERROR(checkpointing_->AfterStep(ckpt_slots_, s));
     for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnStep(*this, s));
     result_.steps.push_back(s);
     if (s.stopping) {
@@ -399,6 +449,10 @@ StatusOr<TrainResult> Trainer::Run() {
   }
   result_.final_step = step_;
   result_.stopped = stopped;
+  // The final checkpoint (a failed one is reported, and the outputs are still written).
+  if (checkpointing_) {
+    TF_ASSIGN_OR_RETURN(final_checkpoint_, checkpointing_->Finish(step_));
+  }
   for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnEnd(*this, result_));
   if (options_.write_outputs) TF_RETURN_IF_ERROR(WriteOutputs(result_));
   return result_;
@@ -406,7 +460,8 @@ StatusOr<TrainResult> Trainer::Run() {
 
 Status Trainer::WriteOutputs(const TrainResult& result) {
   // Every rank saves its state when asked (stops always save it: a stopped run is meant to resume).
-  if (config_.save_state || result.stopped) {
+  // (A stopped run whose final checkpoint failed keeps its state this way too.)
+  if (config_.save_state || (result.stopped && !final_checkpoint_)) {
     TF_ASSIGN_OR_RETURN(TrainState state, GetState());
     TF_RETURN_IF_ERROR(WriteTrainState(StatePath(), state, env_));
   }
@@ -415,14 +470,7 @@ Status Trainer::WriteOutputs(const TrainResult& result) {
   const std::string weights = dir + "/model.safetensors";
   std::vector<float> params(static_cast<size_t>(backend_->layout().total()));
   TF_RETURN_IF_ERROR(backend_->GetParams(params));
-  WeightsCard card;
-  card.model = model_config_;
-  card.step = step_;
-  card.tokenizer = config_.tokenizer == "auto" ? "" : config_.tokenizer;
-  card.tokenizer_fingerprint = card.tokenizer == "gpt2" ? tokenizer_fingerprint_ : 0;
-  card.seq_len = config_.seq_len;
-  card.world = topology_.world;
-  card.train_config = TrainConfigToJson(config_);
+  const WeightsCard card = Card();
   const std::map<std::string, std::string> meta = card.ToMetadata();
   if (Status s = ExportHFWeights(weights, model_config_, params, meta, SafetensorsDtype::kF32, env_); !s.ok()) {
     // Keep the trained weights somewhere: the run's work must not be lost with the write.

@@ -24,10 +24,12 @@
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
 #include "comm/process_group.h"
+#include "engine/checkpointing.h"
 #include "engine/data_loader.h"
 #include "engine/train_backend.h"
 #include "engine/train_config.h"
 #include "engine/train_state.h"
+#include "engine/weights_card.h"
 #include "model/gpt2.h"
 #include "model/tokenizer.h"
 
@@ -49,6 +51,7 @@ struct StepStats {
   bool stopping = false;     // the run stops after this step (before max_steps): stop_at_step or a signal
   bool interrupted = false;  // ... because SIGINT/SIGTERM asked: observers skip evaluation and sampling
   std::optional<float> val_loss;  // set by the evaluation observer when it evaluated after this step
+  double checkpoint_stall_ms = 0;  // time the loop spent taking a checkpoint's snapshot after this step
 };
 
 struct TrainResult {
@@ -106,6 +109,18 @@ class Trainer {
   // Every byte an exact resume needs (engine/train_state.h), and the inverse.
   StatusOr<TrainState> GetState();
   Status SetState(const TrainState& state);
+  // What the weights record of the run (engine/weights_card.h), as of this step.
+  WeightsCard Card() const;
+  // GetState without the tensors.
+  TrainState StateMeta() const;
+  // Global batch: rows (sequences) per optimizer step over all ranks.
+  int64_t rows_per_step() const {
+    return int64_t{config_.batch_size} * config_.grad_accum_steps * topology_.world;
+  }
+  // "resumed from ... (step N, ...)" when the run continues a checkpoint or state file, else "".
+  const std::string& resumed_from() const { return resumed_from_; }
+  // Barrier over the ranks without the collective deadline (`activity` names it in timeouts).
+  Status Barrier(const std::string& activity);
 
   int64_t step() const { return step_; }
   TrainBackend& backend() { return *backend_; }
@@ -153,6 +168,10 @@ class Trainer {
   std::optional<DataLoader> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;
   uint64_t tokenizer_fingerprint_ = 0;  // what the data records (or the loaded files give)
+  std::unique_ptr<TrainCheckpointing> checkpointing_;  // declared after backend_: destroyed first
+  std::string resumed_from_;
+  bool final_checkpoint_ = false;  // the end-of-run checkpoint was committed (this rank's part, ranks > 0)
+  double ckpt_slots_[TrainCheckpointing::kSlots] = {};  // the step's reduced checkpoint agreement
   std::unique_ptr<GPT2> sampler_model_;  // host copy for sampling
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::unique_ptr<StepObserver>> observers_;

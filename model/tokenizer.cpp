@@ -1,6 +1,7 @@
 #include "model/tokenizer.h"
 
 #include "base/env.h"
+#include "base/utf8.h"
 #include "model/json_util.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -74,24 +75,6 @@ std::array<char32_t, 256> BytesToUnicode() {
   char32_t next = 256;
   for (int b = 0; b < 256; ++b) map[b] = printable(b) ? char32_t(b) : next++;
   return map;
-}
-
-void AppendUtf8(char32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 // Decodes UTF-8 into code points. Returns false on an ill-formed sequence.

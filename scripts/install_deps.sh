@@ -9,6 +9,8 @@ PACKAGES=(
   libeigen3-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libxxhash-dev libzstd-dev
+  libcurl4-openssl-dev    # S3 checkpoint storage (SigV4 signing by libcurl)
+  python3-boto3           # tests: a standard S3 client reads and writes our checkpoints
   libopenblas-openmp-dev  # the CPU GEMM engine (OpenMP build of OpenBLAS)
   libopenmpi-dev openmpi-bin  # MPI: data-parallel bootstrap and the CPU communicator
   fortunes fortunes-min   # the default training corpus (English text)

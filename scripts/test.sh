@@ -5,6 +5,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/install_deps.sh"
 bash "$ROOT/scripts/fetch_gpt2_tokenizer.sh"
+# The S3 checkpoint tests run a local S3-compatible server: s3rver from npm into third_party/s3rver.
+bash "$ROOT/scripts/install_s3rver.sh"
 bash "$ROOT/scripts/build.sh"
 cd "$ROOT/build"
 ctest --output-on-failure -j "$(nproc)" --timeout 900

@@ -89,7 +89,12 @@ TEST_F(CheckpointStoreTest, PosixStorePutGetListDelete) {
 TEST_F(CheckpointStoreTest, ManifestRoundTripsAndChecksItself) {
   Manifest m = At(100);
   m.created = "2026-12-06T00:00:00Z";
-  m.objects = {{"params.bin", 1000, 0x0123456789abcdefull}, {"adam/m.bin", 7, 42}};
+  m.tensors = {{"params", 10, 4}};
+  m.objects = {{"step-000000000100/params.bin", 1000, 0x0123456789abcdefull},
+               {"step-000000000100/adam/m.bin", 7, 42},
+               {"step-000000000100/params.000000", 9, 1, "params", 0, "planes", ""},
+               {"step-000000000090/params.000001", 9, 2, "params", 1, "raw", ""},
+               {"step-000000000100/params.000002", 9, 3, "params", 2, "xor-planes", "step-000000000090/params.000002"}};
   const std::string text = SerializeManifest(m);
   auto back = ParseManifest(text, "M");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
@@ -98,6 +103,26 @@ TEST_F(CheckpointStoreTest, ManifestRoundTripsAndChecksItself) {
   EXPECT_EQ(back->created, m.created);
   EXPECT_EQ(back->state, m.state);
   EXPECT_EQ(back->objects, m.objects);
+  EXPECT_EQ(back->tensors, m.tensors);
+  EXPECT_EQ(Dependencies(*back), (std::set<int64_t>{90, 100}));
+
+  // Chunks must cover each tensor exactly once and name declared tensors.
+  auto reject = [&](auto edit, const std::string& needle) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    edit(j);
+    j.erase("checksum");
+    j["checksum"] = fmt::format("{:016x}", XXH64(j.dump().data(), j.dump().size(), 0));
+    auto r = ParseManifest(j.dump(), "M");
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << needle;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().ToString();
+  };
+  reject([](nlohmann::json& j) { j["objects"].erase(2); }, "lacks chunk 0 of 3");
+  reject([](nlohmann::json& j) { j["objects"][3]["chunk"] = 0; }, "listed twice");
+  reject([](nlohmann::json& j) { j["objects"][3]["chunk"] = 3; }, "chunk 3 of tensor 'params', which has 3");
+  reject([](nlohmann::json& j) { j["objects"][2]["tensor"] = "adam.v"; }, "'adam.v', which \"tensors\" does not list");
+  reject([](nlohmann::json& j) { j["objects"][0]["key"] = "elsewhere/x"; }, "not under a step-... prefix");
+  reject([](nlohmann::json& j) { j["objects"][4]["base"] = "../x"; }, "base '../x'");
+  reject([](nlohmann::json& j) { j["tensors"][0]["chunk_elements"] = 0; }, "in chunks of 0");
 
   // A hand edit (here: one digit of the step) breaks the checksum and is named as such.
   std::string edited = text;

@@ -774,6 +774,17 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   if (!cuemu::ValidStream(s)) return Misuse("cudaFreeAsync on an unknown stream", cudaErrorInvalidResourceHandle);
   return cudaFree(p);
 }
+// Page-locked host memory is ordinary host memory here (not counted as device memory).
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
+  (void)flags;
+  *p = ::operator new(std::max<size_t>(bytes, 1), std::align_val_t(256), std::nothrow);
+  return *p != nullptr ? cudaSuccess : Record(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
+cudaError_t cudaFreeHost(void* p) {
+  if (p != nullptr) ::operator delete(p, std::align_val_t(256));
+  return cudaSuccess;
+}
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   auto& a = cuemu::Allocs();
   std::lock_guard<std::mutex> lock(a.mu);

@@ -5,6 +5,7 @@
 // whose --device auto takes the emulated GPU).
 #pragma once
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -19,9 +21,12 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "engine/token_file.h"
 #include "tests/test_dir.h"
+
+extern char** environ;
 
 namespace tf::cli_testing {
 
@@ -58,6 +63,66 @@ struct RunResult {
 
 inline std::ostream& operator<<(std::ostream& os, const RunResult& r) {
   return os << "exit " << r.exit_code << "\n--- stdout ---\n" << r.out << "\n--- stderr ---\n" << r.err;
+}
+
+// What must repeat exactly: each step's record in metrics.jsonl without its timings.
+inline std::map<int64_t, nlohmann::json> StepRecords(const std::string& metrics) {
+  std::map<int64_t, nlohmann::json> records;
+  std::istringstream lines(metrics);
+  std::string line;
+  while (std::getline(lines, line)) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) continue;  // a line torn by a kill
+    for (const char* timing : {"ms", "tokens_per_s", "comm_exposed_ms", "comm_ms", "codec_ms", "comm_GBps",
+                               "checkpoint_stall_ms"}) {
+      j.erase(timing);
+    }
+    records[j.at("step").get<int64_t>()] = j;
+  }
+  return records;
+}
+
+// Starts `launcher trainflow args` in the background in its own process group (so that a test can
+// kill the whole job, mpirun and its ranks, with kill(-pid, ...)); stdout/stderr to files in dir.
+inline pid_t Spawn(const std::string& dir, const std::vector<std::string>& args, const std::string& launcher = "") {
+  std::string cmd = fmt::format("cd {} && exec {} {}", Quote(dir), launcher, Quote(kBinary));
+  for (const std::string& a : args) cmd.append(" ").append(Quote(a));
+  cmd += fmt::format(" >{} 2>{}", Quote(dir + "/stdout.txt"), Quote(dir + "/stderr.txt"));
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, "/bin/sh", nullptr, &attr, const_cast<char**>(argv), environ);
+  posix_spawnattr_destroy(&attr);
+  return rc == 0 ? pid : -1;
+}
+
+// Waits up to `limit` for the child; kills its process group (and fails) if it is still running.
+inline int WaitExit(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      ADD_FAILURE() << "trainflow did not exit within " << limit.count() << " s";
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// n byte-level tokens from a fixed LCG seeded with `seed`: windows of it differ, so shuffled runs
+// read distinguishable data (a periodic text would repeat them).
+inline std::vector<uint16_t> LcgByteTokens(int n, uint64_t seed) {
+  std::vector<uint16_t> t(static_cast<size_t>(n));
+  for (auto& v : t) {
+    v = static_cast<uint16_t>(((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 256);
+  }
+  return t;
 }
 
 class CliFixture : public ::testing::Test {

@@ -24,8 +24,6 @@
 #include "model/safetensors.h"
 #include "tests/engine/cli_fixture.h"
 
-extern char** environ;
-
 namespace tf {
 namespace {
 
@@ -35,22 +33,10 @@ using cli_testing::kByteTiny;
 using cli_testing::Quote;
 using cli_testing::ReadAll;
 using cli_testing::RunResult;
+using cli_testing::Spawn;
+using cli_testing::StepRecords;
+using cli_testing::WaitExit;
 namespace fs = std::filesystem;
-
-// What must repeat exactly: each step's record in metrics.jsonl without its timings.
-std::map<int64_t, nlohmann::json> StepRecords(const std::string& metrics) {
-  std::map<int64_t, nlohmann::json> records;
-  std::istringstream lines(metrics);
-  std::string line;
-  while (std::getline(lines, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    for (const char* timing : {"ms", "tokens_per_s", "comm_exposed_ms", "comm_ms", "codec_ms", "comm_GBps"}) {
-      j.erase(timing);
-    }
-    records[j.at("step").get<int64_t>()] = j;
-  }
-  return records;
-}
 
 // The samples printed after `after_step`: "sample step K" header line -> the escaped sample line.
 std::map<int64_t, std::string> Samples(const std::string& out, int64_t after_step) {
@@ -74,14 +60,8 @@ class ResumeTest : public CliFixture {
   void SetUp() override {
     CliFixture::SetUp();
     // Bytes from a fixed LCG: shuffled windows of it differ (a periodic text would repeat them).
-    uint64_t x = 12345;
-    auto tokens = [&](int n) {
-      std::vector<uint16_t> t(static_cast<size_t>(n));
-      for (auto& v : t) v = static_cast<uint16_t>(((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 256);
-      return t;
-    };
-    ASSERT_TRUE(WriteTokenFile(Path("train.bin"), tokens(6000)).ok());
-    ASSERT_TRUE(WriteTokenFile(Path("val.bin"), tokens(1000)).ok());
+    ASSERT_TRUE(WriteTokenFile(Path("train.bin"), cli_testing::LcgByteTokens(6000, 12345)).ok());
+    ASSERT_TRUE(WriteTokenFile(Path("val.bin"), cli_testing::LcgByteTokens(1000, 12346)).ok());
   }
 
   std::vector<std::string> TrainArgs(const std::string& out_dir, const std::vector<std::string>& extra) const {
@@ -223,33 +203,6 @@ TEST_F(ResumeTest, TwoMpiRanksWithInt8AndErrorFeedbackResumeBitIdentically) {
   const RunResult resumed = mpirun(TrainArgs("resumed", {"--resume_state", Path("first/train_state.safetensors")}));
   ASSERT_EQ(resumed.exit_code, 0) << resumed;
   ExpectSameRun(full, resumed, kHalf);
-}
-
-// Starts the binary in the background (its own process; stdout/stderr to files in the test dir).
-pid_t Spawn(const std::string& dir, const std::vector<std::string>& args) {
-  std::string cmd = fmt::format("cd {} && exec {}", Quote(dir), Quote(kBinary));
-  for (const std::string& a : args) cmd.append(" ").append(Quote(a));
-  cmd += fmt::format(" >{} 2>{}", Quote(dir + "/stdout.txt"), Quote(dir + "/stderr.txt"));
-  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
-  pid_t pid = -1;
-  if (posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) return -1;
-  return pid;
-}
-
-// Waits up to `limit` for the child; kills it (and fails) if it is still running then.
-int WaitExit(pid_t pid, std::chrono::seconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      ADD_FAILURE() << "trainflow did not exit within " << limit.count() << " s of the signal";
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 TEST_F(ResumeTest, SigtermStopsAfterTheStepWithLoadableOutputs) {
