@@ -238,7 +238,7 @@ Status Checkpointer::WritePart(Half& half) {
   const bool incremental = half.incremental && base_.ok;
   const int64_t C = options_.chunk_elements;
   ChunkCodecOptions codec;
-  codec.zstd_level = options_.zstd_level;
+  if (options_.zstd_level != 0) codec.zstd_level = options_.zstd_level;
   codec.try_planes = options_.compress;
   Manifest part;
   part.step = step;

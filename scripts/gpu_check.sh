@@ -183,6 +183,41 @@ else
   SUMMARY+=("GPU train: no data in the bundle")
 fi
 
+echo; echo "== 3b. Checkpoint stall on the GPU (GPT-2 124M shape, byte vocabulary, B=8 T=512, every 10 steps)"
+# The loop's stall per checkpoint (checkpoint_stall_ms in metrics.jsonl: pinned copy queued on the
+# copy stream) against the synchronous save of the same bytes (checkpoint_async false), and the
+# step time next to a checkpoint against the others (the copy overlaps forward/backward).
+if [[ -f "$B/data/train.bin" ]]; then
+  : >"$OUTDIR/ckpt_stall.txt"
+  for mode in true false; do
+    t=$(bounded 45 100)
+    if ((t < 15)); then SUMMARY+=("GPU checkpoint stall (async $mode): skipped (time budget)"); continue; fi
+    rm -rf "$OUTDIR/ckpt_$mode"
+    timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow train \
+      --device cuda --dtype bf16 --model configs/model/gpt2-124m.json --vocab_size 256 --padded_vocab_size 256 \
+      --train_data $B/data/train.bin --max_steps 40 --batch_size 8 --seq_len 512 --eval_batches 0 --sample_tokens 0 \
+      --log_interval 10 --out_dir $OUTDIR/ckpt_run_$mode --checkpoint_dir $OUTDIR/ckpt_$mode --checkpoint_interval 10 \
+      --checkpoint_async $mode --checkpoint_when_busy wait" >>"$OUTDIR/ckpt_stall.txt" 2>&1
+    line=$(python3 - "$OUTDIR/ckpt_run_$mode/metrics.jsonl" <<'PY'
+import json, statistics, sys
+try:
+    recs = [json.loads(l) for l in open(sys.argv[1])]
+except OSError:
+    print("no metrics"); sys.exit()
+stall = [r["checkpoint_stall_ms"] for r in recs if "checkpoint_stall_ms" in r]
+plain = [r["ms"] for r in recs[3:] if "checkpoint_stall_ms" not in r]
+after = [r["ms"] for r in recs if r["step"] % 10 == 1 and r["step"] > 10]
+print(f"stall median {statistics.median(stall):.1f} ms over {len(stall)} checkpoints; step median "
+      f"{statistics.median(plain):.1f} ms, step after a checkpoint median {statistics.median(after):.1f} ms"
+      if stall and plain and after else "incomplete")
+PY
+)
+    SUMMARY+=("GPU checkpoint (async $mode): $line")
+  done
+else
+  SUMMARY+=("GPU checkpoint stall: no data in the bundle")
+fi
+
 echo; echo "== 4. GPT-2 1558M, T=1024, B=24, bf16, recompute 2 (fits 80 GB? device memory in use vs the plan)"
 : >"$OUTDIR/e2e_1558m.txt"
 if run trainflow bench --help 2>/dev/null | grep -q -- "--recompute"; then

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Checkpoint benchmarks on the CPU (bench/RESULTS.md, "Checkpoints"), one run after another.
+
+  python3 scripts/bench_checkpoints.py [--steps 130] [--out /tmp/tf_bench_ckpt] [--parts ...]
+
+Parts:
+  overhead  GPT-2 124M (gpt2-tokenized fortunes, B=4, T=64, 2 threads): no checkpoints, an
+            asynchronous full checkpoint at step 100, an incremental one (full at 50, incremental
+            at 100), and the synchronous save of the same bytes (checkpoint_async false). Per run:
+            the median step time, the stall at step 100 (time the loop was blocked), the writer's
+            time, and the overhead per 100 steps = stall + the extra time of the steps after it
+            (against the no-checkpoint run's median).
+  disk      write throughput of an uncompressed 124M checkpoint against dd (conv=fsync) of the
+            same size on the same disk, and the restore time of a checkpoint.
+  sizes     per-component sizes of incremental checkpoints 10, 100 (and 1000) steps after their
+            full base, against the uncompressed full state: the fortunes default job (byte-small)
+            and GPT-2 124M.
+Run it on a quiet machine: nothing else may use the cores.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "trainflow")
+
+
+def run(args, env=None):
+    t0 = time.time()
+    p = subprocess.run([BIN] + args, capture_output=True, text=True, env=env, cwd=ROOT)
+    if p.returncode not in (0, 5):
+        sys.exit(f"trainflow {' '.join(args)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p.stdout + p.stderr, time.time() - t0
+
+
+def records(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def gpt2_data(out):
+    d = os.path.join(out, "fortunes-gpt2")
+    if not os.path.exists(os.path.join(d, "train.bin")):
+        run(["prepare", "--input", "/usr/share/games/fortunes", "--out-dir", d, "--tokenizer", "gpt2"])
+    return d
+
+
+def train_124m(out, data, name, steps, extra):
+    out_dir = os.path.join(out, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    args = ["train", "--model", os.path.join(ROOT, "configs/model/gpt2-124m.json"), "--train_data",
+            os.path.join(data, "train.bin"), "--batch_size", "4", "--seq_len", "64", "--max_steps", str(steps),
+            "--eval_batches", "0", "--sample_tokens", "0", "--threads", "2", "--log_interval", "50",
+            "--lr", "3e-4", "--warmup_steps", "10", "--out_dir", out_dir] + extra
+    text, wall = run(args)
+    return records(out_dir), text
+
+
+def writer_seconds(text, step):
+    m = re.search(rf"checkpoint step {step} committed .*written in ([0-9.]+) s", text)
+    return float(m.group(1)) if m else float("nan")
+
+
+def part_overhead(out, data, steps):
+    base, _ = train_124m(out, data, "none", steps, [])
+    base_ms = statistics.median(r["ms"] for r in base[2:])
+    rows = [("no checkpoints", base_ms, 0.0, float("nan"), 0.0)]
+    ckdir = os.path.join(out, "ckpt")
+    configs = [
+        ("async full at 100", ["--checkpoint_interval", "100"]),
+        ("async incremental at 100 (full at 50)", ["--checkpoint_interval", "50", "--checkpoint_full_every", "2"]),
+        ("sync full at 100 (checkpoint_async false)", ["--checkpoint_interval", "100", "--checkpoint_async", "false"]),
+        ("async full at 100, uncompressed", ["--checkpoint_interval", "100", "--checkpoint_compress", "false"]),
+    ]
+    for name, extra in configs:
+        shutil.rmtree(ckdir, ignore_errors=True)
+        recs, text = train_124m(out, data, "run", steps, ["--checkpoint_dir", ckdir, "--checkpoint_keep_last", "0",
+                                                          "--checkpoint_when_busy", "wait"] + extra)
+        ms = statistics.median(r["ms"] for r in recs[2:])
+        at = {r["step"]: r for r in recs}
+        stall = at[100].get("checkpoint_stall_ms", 0.0)
+        # Steps 101..end overlap the writer (on 2 cores it takes CPU from training).
+        extra_ms = sum(at[s]["ms"] - base_ms for s in range(101, steps + 1))
+        overhead = (stall + extra_ms) / (100 * base_ms) * 100
+        rows.append((name, ms, stall, writer_seconds(text, 100), overhead))
+    print("\n## overhead: GPT-2 124M, CPU, 2 threads, B=4 T=64, checkpoint at step 100")
+    print("| run | median step ms | stall at step 100 (ms) | writer time (s) | overhead per 100 steps |")
+    print("|---|---|---|---|---|")
+    for name, ms, stall, wr, ov in rows:
+        print(f"| {name} | {ms:.0f} | {stall:.0f} | {wr:.2f} | {ov:+.2f}% |")
+
+
+def part_disk(out, data):
+    ckdir = os.path.join(out, "ckpt")
+    shutil.rmtree(ckdir, ignore_errors=True)
+    _, text = train_124m(out, data, "run", 2, ["--checkpoint_dir", ckdir, "--checkpoint_compress", "false",
+                                              "--checkpoint_interval", "1", "--checkpoint_when_busy", "wait"])
+    with open(os.path.join(ckdir, "step-000000000002", "MANIFEST.json")) as f:
+        m = json.load(f)
+    nbytes = sum(o["bytes"] for o in m["objects"] if o["key"].startswith("step-000000000002/"))
+    wr = writer_seconds(text, 1)
+    target = os.path.join(out, "dd.bin")
+    count = max(1, nbytes // (16 << 20))
+    t0 = time.time()
+    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=16M", f"count={count}", "conv=fsync"],
+                   capture_output=True, check=True)
+    dd_s = time.time() - t0
+    os.remove(target)
+    dd_bytes = count * (16 << 20)
+    # Restore: a run that resumes and stops right away; its resume line says how long loading took.
+    text, _ = run(["train", "--model", os.path.join(ROOT, "configs/model/gpt2-124m.json"), "--train_data",
+                   os.path.join(data, "train.bin"), "--batch_size", "4", "--seq_len", "64", "--max_steps", "2",
+                   "--eval_batches", "0", "--sample_tokens", "0", "--threads", "2", "--lr", "3e-4", "--warmup_steps",
+                   "10", "--out_dir", os.path.join(out, "restore"), "--checkpoint_dir", ckdir,
+                   "--checkpoint_compress", "false"])
+    restored = re.search(r"restored in ([0-9.]+) s", text)
+    print("\n## disk: uncompressed 124M checkpoint (params + moments) vs dd, and restore")
+    print(f"checkpoint write: {nbytes / 2**30:.2f} GiB in {wr:.2f} s = {nbytes / wr / 2**20:.0f} MiB/s")
+    print(f"dd conv=fsync:    {dd_bytes / 2**30:.2f} GiB in {dd_s:.2f} s = {dd_bytes / dd_s / 2**20:.0f} MiB/s")
+    print(f"ratio: {nbytes / wr / (dd_bytes / dd_s) * 100:.0f}% of dd")
+    print(f"restore (read, verify, load into the model): {restored.group(1) if restored else '?'} s")
+
+
+def component_sizes(ckdir, base_step, steps_after):
+    def load(step):
+        with open(os.path.join(ckdir, f"step-{step:012d}", "MANIFEST.json")) as f:
+            return json.load(f)
+    rows = []
+    full = load(base_step)
+    def per_tensor(m):
+        own = f"step-{m['step']:012d}/"
+        sizes = {}
+        for o in m["objects"]:
+            if o.get("tensor") and o["key"].startswith(own):
+                sizes[o["tensor"]] = sizes.get(o["tensor"], 0) + o["bytes"]
+        return sizes
+    raw = {t["name"]: t["elements"] * 4 for t in full["tensors"]}
+    rows.append(("full (planes + zstd)", per_tensor(full)))
+    for k in steps_after:
+        step = base_step + k
+        if os.path.exists(os.path.join(ckdir, f"step-{step:012d}", "MANIFEST.json")):
+            rows.append((f"incremental, {k} steps after", per_tensor(load(step))))
+    names = sorted(raw)
+    print("| checkpoint | " + " | ".join(names) + " | total | vs raw full |")
+    print("|---|" + "---|" * (len(names) + 2))
+    total_raw = sum(raw.values())
+    print("| raw full | " + " | ".join(f"{raw[n] / 2**20:.2f} MiB" for n in names) +
+          f" | {total_raw / 2**20:.2f} MiB | 1.00x |")
+    for name, sizes in rows:
+        total = sum(sizes.values())
+        print(f"| {name} | " + " | ".join(f"{sizes.get(n, 0) / 2**20:.2f} MiB" for n in names) +
+              f" | {total / 2**20:.2f} MiB | {total_raw / max(total, 1):.2f}x smaller |")
+
+
+def part_sizes(out, data, big_steps):
+    ckdir = os.path.join(out, "ckpt_sizes")
+    # The default job (byte-small on fortunes): full at step 100, incrementals every 10 steps after.
+    shutil.rmtree(ckdir, ignore_errors=True)
+    fortunes_dir = os.path.join(out, "fortunes")
+    shutil.rmtree(fortunes_dir, ignore_errors=True)
+    run(["train", "--model", os.path.join(ROOT, "configs/model/byte-small.json"), "--train",
+         os.path.join(ROOT, "configs/train/fortunes.json"), "--max_steps", "1100", "--eval_interval", "0",
+         "--sample_tokens", "0", "--log_interval", "500", "--out_dir", fortunes_dir, "--checkpoint_dir", ckdir,
+         "--checkpoint_interval", "10", "--checkpoint_full_every", "1000", "--checkpoint_keep_last", "0",
+         "--checkpoint_when_busy", "wait"])
+    print("\n## sizes: the default job (byte-small, fortunes), full checkpoint at step 10")
+    component_sizes(ckdir, 10, [10, 100, 1000])
+    shutil.rmtree(ckdir, ignore_errors=True)
+    train_124m(out, data, "sizes124m", big_steps, ["--checkpoint_dir", ckdir, "--checkpoint_interval", "10",
+                                                   "--checkpoint_full_every", "1000", "--checkpoint_keep_last", "0",
+                                                   "--checkpoint_when_busy", "wait"])
+    print(f"\n## sizes: GPT-2 124M (B=4, T=64), full checkpoint at step 10")
+    component_sizes(ckdir, 10, [10, 100, 1000])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=130)
+    ap.add_argument("--big-steps", type=int, default=110, help="124M steps for the sizes part")
+    ap.add_argument("--out", default="/tmp/tf_bench_ckpt")
+    ap.add_argument("--parts", default="overhead,disk,sizes")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    data = gpt2_data(a.out)
+    print(f"# bench_checkpoints.py --steps {a.steps} --big-steps {a.big_steps} ({time.strftime('%Y-%m-%d %H:%M')})")
+    parts = a.parts.split(",")
+    if "overhead" in parts:
+        part_overhead(a.out, data, a.steps)
+    if "disk" in parts:
+        part_disk(a.out, data)
+    if "sizes" in parts:
+        part_sizes(a.out, data, a.big_steps)
+
+
+if __name__ == "__main__":
+    main()
