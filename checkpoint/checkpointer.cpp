@@ -1,6 +1,8 @@
 #include "checkpoint/checkpointer.h"
 
 #include <algorithm>
+#include <atomic>
+#include <optional>
 #include <chrono>
 #include <cstring>
 
@@ -256,7 +258,14 @@ Status Checkpointer::WritePart(Half& half) {
     // retention, checked by verify) even when no chunk refers to it.
     part.objects.push_back(base_.part);
   }
-  int64_t raw_bytes = 0, stored_bytes = 0;
+  // One job per chunk of this rank; `threads` of them at a time (puts to S3 are latency-bound).
+  struct Job {
+    size_t slot;
+    int64_t chunk, index;  // index: among the slot's chunks
+    std::span<const float> data, base;
+  };
+  std::vector<Job> jobs;
+  int64_t raw_bytes = 0;
   size_t offset = 0;
   for (size_t s = 0; s < half.snapshot.slots.size(); ++s) {
     const Slot& slot = half.snapshot.slots[s];
@@ -266,47 +275,77 @@ Status Checkpointer::WritePart(Half& half) {
     const int64_t first = slot.begin / C;
     for (int64_t c = first; slot.begin < slot.end && c * C < slot.end; ++c) {
       const int64_t b = c * C, e = std::min(b + C, t.elements);
-      std::span<const float> data = slot.data.subspan(static_cast<size_t>(b - slot.begin), static_cast<size_t>(e - b));
-      raw_bytes += static_cast<int64_t>(data.size_bytes());
-      ObjectEntry entry;
-      if (incremental) {
-        const ObjectEntry& prior = base_.entries[s][static_cast<size_t>(c - first)];
-        std::span<const float> base(base_.data.data() + offset + static_cast<size_t>(b - slot.begin), data.size());
-        if (std::memcmp(data.data(), base.data(), data.size_bytes()) == 0) {
-          part.objects.push_back(prior);  // unchanged: the full checkpoint's object serves
-          continue;
-        }
-        EncodedChunk enc = EncodeChunk(data, base, codec);
-        entry.encoding = std::string(EncodingName(enc.encoding));
-        if (enc.encoding == ChunkEncoding::kXorPlanes) {
-          entry.base = prior.key;
-          // The base object is listed too (as a plain object), so it is verified and kept.
-          ObjectEntry listed = prior;
-          listed.tensor.clear();
-          listed.chunk = -1;
-          listed.encoding.clear();
-          listed.base.clear();
-          part.objects.push_back(std::move(listed));
-        }
-        entry.key = ChunkKey(step, t.name, c);
-        entry.bytes = enc.bytes.size();
-        entry.xxh64 = XXH64(enc.bytes.data(), enc.bytes.size(), 0);
-        TF_RETURN_IF_ERROR(store_->Put(entry.key, enc.bytes));
-      } else {
-        EncodedChunk enc = EncodeChunk(data, {}, codec);
-        entry.encoding = std::string(EncodingName(enc.encoding));
-        entry.key = ChunkKey(step, t.name, c);
-        entry.bytes = enc.bytes.size();
-        entry.xxh64 = XXH64(enc.bytes.data(), enc.bytes.size(), 0);
-        TF_RETURN_IF_ERROR(store_->Put(entry.key, enc.bytes));
-      }
-      entry.tensor = t.name;
-      entry.chunk = c;
-      stored_bytes += static_cast<int64_t>(entry.bytes);
-      if (keep_base) base_.entries[s].push_back(entry);
-      part.objects.push_back(std::move(entry));
+      const auto at = static_cast<size_t>(b - slot.begin), n = static_cast<size_t>(e - b);
+      std::span<const float> base;
+      if (incremental) base = std::span<const float>(base_.data.data() + offset + at, n);
+      jobs.push_back({s, c, c - first, slot.data.subspan(at, n), base});
+      raw_bytes += static_cast<int64_t>(n * sizeof(float));
     }
     offset += slot.data.size();
+  }
+  // Per job: its entry and, for a delta, its base listed as a plain object.
+  std::vector<ObjectEntry> entries(jobs.size());
+  std::vector<std::optional<ObjectEntry>> bases(jobs.size());
+  std::vector<Status> results(jobs.size());
+  auto work = [&](size_t j) -> Status {
+    const Job& job = jobs[j];
+    const StateTensor& t = *half.snapshot.slots[job.slot].tensor;
+    ObjectEntry& entry = entries[j];
+    EncodedChunk enc;
+    if (incremental) {
+      const ObjectEntry& prior = base_.entries[job.slot][static_cast<size_t>(job.index)];
+      if (std::memcmp(job.data.data(), job.base.data(), job.data.size_bytes()) == 0) {
+        entry = prior;  // unchanged: the full checkpoint's object serves
+        return Status::OK();
+      }
+      enc = EncodeChunk(job.data, job.base, codec);
+      if (enc.encoding == ChunkEncoding::kXorPlanes) {
+        entry.base = prior.key;
+        // The base object is listed too (as a plain object), so it is verified and kept.
+        ObjectEntry listed;
+        listed.key = prior.key;
+        listed.bytes = prior.bytes;
+        listed.xxh64 = prior.xxh64;
+        bases[j] = std::move(listed);
+      }
+    } else {
+      enc = EncodeChunk(job.data, {}, codec);
+    }
+    entry.encoding = std::string(EncodingName(enc.encoding));
+    entry.key = ChunkKey(step, t.name, job.chunk);
+    entry.bytes = enc.bytes.size();
+    entry.xxh64 = XXH64(enc.bytes.data(), enc.bytes.size(), 0);
+    entry.tensor = t.name;
+    entry.chunk = job.chunk;
+    return store_->Put(entry.key, enc.bytes);
+  };
+  const size_t threads = std::clamp<size_t>(static_cast<size_t>(std::max(options_.writer_threads, 1)), 1, jobs.size() + 1);
+  if (threads <= 1) {
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      results[j] = work(j);
+      if (!results[j].ok()) break;
+    }
+  } else {
+    std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::vector<std::thread> pool;
+    for (size_t k = 0; k < threads; ++k) {
+      pool.emplace_back([&] {
+        for (size_t j; !failed && (j = next++) < jobs.size();) {
+          results[j] = work(j);
+          if (!results[j].ok()) failed = true;
+        }
+      });
+    }
+    for (std::thread& th : pool) th.join();
+  }
+  for (const Status& r : results) TF_RETURN_IF_ERROR(r);
+  int64_t stored_bytes = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    if (bases[j]) part.objects.push_back(*bases[j]);
+    if (StepOfKey(entries[j].key) == step) stored_bytes += static_cast<int64_t>(entries[j].bytes);
+    if (keep_base) base_.entries[jobs[j].slot].push_back(entries[j]);
+    part.objects.push_back(std::move(entries[j]));
   }
   const std::string part_text = SerializeManifest(part);
   TF_RETURN_IF_ERROR(store_->Put(PartKey(step, options_.rank), part_text));

@@ -60,6 +60,7 @@ struct CheckpointerOptions {
   int64_t chunk_elements = int64_t{4} << 20;  // 16 MiB of fp32 per chunk object
   bool wait_when_busy = true;  // a checkpoint due while both halves are busy: wait for one (else skip it)
   bool compress = true;        // byte planes + zstd (else raw floats)
+  int writer_threads = 1;      // chunks encoded and put concurrently (S3: several requests in flight)
   int zstd_level = 0;          // 0: the chunk codec's default (its fastest level with Huffman coding)
   int full_every = 1;          // 1: every checkpoint full; K: a full one, then K-1 incremental ones
   int keep_last = 0;           // retention on rank 0 after each commit: 0 keeps every checkpoint

@@ -101,6 +101,9 @@ StatusOr<std::unique_ptr<TrainCheckpointing>> TrainCheckpointing::Create(Trainer
   o.chunk_elements = std::max<int64_t>(1, static_cast<int64_t>(c.checkpoint_chunk_mb * (1 << 20) / 4));
   o.wait_when_busy = c.checkpoint_when_busy == "wait";
   o.compress = c.checkpoint_compress;
+  // Object stores answer each request after a round trip: several chunks in flight. A local or
+  // shared file system gets one writer (it competes with training for the cores).
+  o.writer_threads = c.checkpoint_dir.starts_with("s3://") ? 4 : 1;
   o.full_every = c.checkpoint_full_every;
   o.keep_last = c.checkpoint_keep_last;
   o.keep_every_steps = c.checkpoint_keep_every;

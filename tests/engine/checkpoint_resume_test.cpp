@@ -288,6 +288,8 @@ TEST_F(CheckpointResumeTest, BadCheckpointInputIsAClearError) {
   ExpectCleanFailure(Run(Args("other", 4, {"--resume", Path("nowhere")})), {Path("nowhere")});
   std::ofstream(Path("afile")) << "x";
   ExpectCleanFailure(Run(Args("other", 4, {"--checkpoint_dir", Path("afile")})), {Path("afile")});
+  // Storage that cannot be written at start fails the run before its first step.
+  ExpectCleanFailure(Run(Args("other", 4, {"--checkpoint_dir", "/proc/trainflow-ckpt"})), {"/proc/trainflow-ckpt"});
   // A hand-edited manifest, and a truncated one.
   const std::string manifest = step4 + "/MANIFEST.json";
   const std::string text = ReadAll(manifest);
@@ -328,6 +330,21 @@ TEST_F(CheckpointResumeTest, AFullDiskFailsCheckpointsNotTraining) {
   const RunResult again = Run(Args("again", 40, {"--checkpoint_dir", ckpt, "--checkpoint_interval", "0",
                                                  "--checkpoint_compress", "false", "--stop_at_step", "11"}));
   EXPECT_NE(again.out.find("resumed from " + ckpt + "/step-000000000010"), std::string::npos) << again;
+}
+
+// checkpoint_every_s: checkpoints by rank 0's clock, not by step count.
+TEST_F(CheckpointResumeTest, WallClockInterval) {
+  const std::string ckpt = Path("ckpt");
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunResult r = Run(Args("run", 1500, {"--checkpoint_dir", ckpt, "--checkpoint_every_s", "0.25",
+                                             "--checkpoint_keep_last", "0", "--checkpoint_when_busy", "wait"}));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const auto steps = Committed(ckpt);
+  // The final checkpoint plus about one per 0.25 s of training (the run's start-up excluded).
+  ASSERT_GE(steps.size(), 2u) << r;
+  EXPECT_LE(steps.size(), static_cast<size_t>(seconds / 0.25) + 2) << r;
+  EXPECT_EQ(steps.back(), 1500);
 }
 
 // `checkpoint list` shows kinds and dependencies; `checkpoint export` writes the weights training
