@@ -71,6 +71,8 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(std::unique_ptr<Obj
     if (half.data == nullptr) {
       return Status::Internal("cannot allocate {:.1f} MiB for a checkpoint buffer", n * 4.0 / (1 << 20));
     }
+    // Touched now, so the first snapshot does not pay the page faults.
+    std::memset(half.data, 0, n * sizeof(float));
     half.snapshot.half = h;
     size_t offset = 0;
     for (size_t s = 0; s < c->ranges_.size(); ++s) {

@@ -113,6 +113,8 @@ StatusOr<std::unique_ptr<TrainCheckpointing>> TrainCheckpointing::Create(Trainer
   o.release = [backend](float* p) { backend->FreeHost(p); };
   TF_ASSIGN_OR_RETURN(tc->ckpt_, Checkpointer::Create(std::move(store), std::move(tensors), std::move(o)));
   tc->last_time_ = Now();
+  // A run resumed from this directory at its last step has that checkpoint already.
+  if (t.resumed_checkpoint_step() >= 0) tc->last_begun_ = t.resumed_checkpoint_step();
   return tc;
 }
 
@@ -204,6 +206,8 @@ Status TrainCheckpointing::Take(int64_t step, double* stall_ms, bool always) {
 
 StatusOr<bool> TrainCheckpointing::Finish(int64_t step) {
   const comm::Topology& topo = trainer_.topology();
+  // Resumed at the last step and nothing trained: the checkpoint it resumed from is the final one.
+  if (step == trainer_.resumed_checkpoint_step() && ckpt_->stats().started == 0) return true;
   if (last_begun_ != step) {
     // The final checkpoint is always taken: it waits for a free half whatever the policy.
     TF_RETURN_IF_ERROR(Take(step, nullptr, /*always=*/true));
@@ -338,7 +342,7 @@ StatusOr<TrainState> Load(Trainer& t, ObjectStore& store, const Manifest& m, std
 
 }  // namespace
 
-StatusOr<std::string> ResumeFromCheckpoint(Trainer& t) {
+StatusOr<std::string> ResumeFromCheckpoint(Trainer& t, int64_t* step) {
   const TrainConfig& c = t.config();
   if (c.resume == "none") return std::string();
   const bool automatic = c.resume == "auto";
@@ -377,6 +381,8 @@ StatusOr<std::string> ResumeFromCheckpoint(Trainer& t) {
             fmt::format("resuming from {}/{}", store->location(), checkpoint::CheckpointPrefix(m.step))));
         uint64_t bytes = 0;
         for (const auto& o : m.objects) bytes += o.bytes;
+        // (Only a checkpoint of checkpoint_dir itself stands for this run's own.)
+        if (store->location() == c.checkpoint_dir) *step = m.step;
         return fmt::format("resumed from {}/{} (step {}, written {} by {} rank{}, {} checkpoint; {} objects, {} "
                            "verified by xxh64; restored in {:.2f} s){}{}",
                            store->location(), checkpoint::CheckpointPrefix(m.step), m.step, m.created, m.world,

@@ -68,6 +68,7 @@ class TrainCheckpointing {
 
 // Loads the checkpoint the run's `resume` key selects into the trainer. Returns a line saying what
 // it resumed from ("" when it started fresh). Errors name the checkpoint and the problem.
-StatusOr<std::string> ResumeFromCheckpoint(Trainer& trainer);
+// `step`: set to the step resumed when the checkpoint is in the run's own checkpoint_dir.
+StatusOr<std::string> ResumeFromCheckpoint(Trainer& trainer, int64_t* step);
 
 }  // namespace tf

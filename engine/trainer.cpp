@@ -107,7 +107,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
     TF_RETURN_IF_ERROR(t->Resume(train.resume_state));
     t->resumed_from_ = fmt::format("resumed at step {} from {}", t->step_, train.resume_state);
   } else {
-    TF_ASSIGN_OR_RETURN(t->resumed_from_, ResumeFromCheckpoint(*t));
+    TF_ASSIGN_OR_RETURN(t->resumed_from_, ResumeFromCheckpoint(*t, &t->resumed_checkpoint_step_));
   }
   TF_ASSIGN_OR_RETURN(t->checkpointing_, TrainCheckpointing::Create(*t));
   const size_t bt = static_cast<size_t>(train.batch_size) * static_cast<size_t>(train.seq_len);

@@ -119,6 +119,8 @@ class Trainer {
   }
   // "resumed from ... (step N, ...)" when the run continues a checkpoint or state file, else "".
   const std::string& resumed_from() const { return resumed_from_; }
+  // The step of the checkpoint of checkpoint_dir this run resumed from, or -1.
+  int64_t resumed_checkpoint_step() const { return resumed_checkpoint_step_; }
   // Barrier over the ranks without the collective deadline (`activity` names it in timeouts).
   Status Barrier(const std::string& activity);
 
@@ -170,6 +172,7 @@ class Trainer {
   uint64_t tokenizer_fingerprint_ = 0;  // what the data records (or the loaded files give)
   std::unique_ptr<TrainCheckpointing> checkpointing_;  // declared after backend_: destroyed first
   std::string resumed_from_;
+  int64_t resumed_checkpoint_step_ = -1;
   bool final_checkpoint_ = false;  // the end-of-run checkpoint was committed (this rank's part, ranks > 0)
   double ckpt_slots_[TrainCheckpointing::kSlots] = {};  // the step's reduced checkpoint agreement
   std::unique_ptr<GPT2> sampler_model_;  // host copy for sampling

@@ -7,53 +7,29 @@
 // end of its suite or test (and by the kernel if this process dies first: PR_SET_PDEATHSIG).
 #include "checkpoint/s3_store.h"
 
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <random>
-#include <sstream>
 #include <thread>
 
-#include <curl/curl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/checkpoint/s3_test_servers.h"
 #include "tests/test_dir.h"
-
-extern char** environ;
 
 namespace tf::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using namespace s3_testing;  // NOLINT: the servers, Child and helpers of s3_test_servers.h
 
-constexpr char kBucket[] = "tf-test";
 constexpr int64_t kMiB = int64_t{1} << 20;
-constexpr char kSecret[] = "S3RVER";  // s3rver's fixed credentials (S3RVER / S3RVER)
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string Source(const std::string& rel) { return std::string(TF_SOURCE_DIR) + "/" + rel; }
-std::string S3rverScript() { return Source("third_party/s3rver/node_modules/s3rver/bin/s3rver.js"); }
-bool SkipServerTests() {
-  const char* v = std::getenv("TRAINFLOW_SKIP_S3_TESTS");
-  return v != nullptr && std::string(v) == "1";
-}
+constexpr char kSecret[] = "S3RVER";  // any secret does: s3rver does not check SigV4 signatures
 
 std::string RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -63,233 +39,6 @@ std::string RandomBytes(size_t n, uint64_t seed) {
     std::memcpy(s.data() + i, &v, std::min<size_t>(8, n - i));
   }
   return s;
-}
-
-std::string FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string candidate = dir + "/" + name;
-    if (!dir.empty() && ::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
-bool PortOpen(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  ::close(fd);
-  return ok;
-}
-
-// A child process running argv[0] (a path) with output to `log`; killed (SIGKILL) by Kill() or the
-// destructor, and by the kernel when this process dies first. Not copyable.
-class Child {
- public:
-  Child() = default;
-  ~Child() { Kill(); }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  // env: extra "NAME=value" entries.
-  bool Start(const std::vector<std::string>& argv, const std::string& log, const std::vector<std::string>& env = {}) {
-    Kill();
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    std::vector<char*> envp;
-    for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-    envp.push_back(nullptr);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) return false;
-    if (pid == 0) {  // only async-signal-safe calls until exec
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-      const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      const int in = ::open("/dev/null", O_RDONLY);
-      if (out >= 0) {
-        ::dup2(out, 1);
-        ::dup2(out, 2);
-      }
-      if (in >= 0) ::dup2(in, 0);
-      ::execve(args[0], args.data(), envp.data());
-      ::_exit(127);
-    }
-    pid_ = pid;
-    return true;
-  }
-  bool Running() {
-    if (pid_ <= 0) return false;
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == 0) return true;
-    pid_ = -1;
-    return false;
-  }
-  // Waits up to `seconds` for the exit status (-1: killed at the limit or not started).
-  int Wait(double seconds) {
-    const auto start = Clock::now();
-    int status = 0;
-    while (pid_ > 0) {
-      const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      if (Since(start) > seconds) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    Kill();
-    return -1;
-  }
-  void Kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Starts `child` and waits (at most `seconds`) until it accepts connections on `port`.
-::testing::AssertionResult StartServer(Child& child, const std::vector<std::string>& argv, const std::string& log,
-                                       int port, double seconds) {
-  if (!child.Start(argv, log)) return ::testing::AssertionFailure() << "cannot fork for " << argv[0];
-  const auto start = Clock::now();
-  while (!PortOpen(port)) {
-    if (!child.Running()) {
-      return ::testing::AssertionFailure() << argv[0] << " " << argv[1] << " exited before listening on port " << port
-                                           << "; its output:\n" << ReadFile(log);
-    }
-    if (Since(start) > seconds) {
-      child.Kill();
-      return ::testing::AssertionFailure() << argv[1] << " did not listen on port " << port << " within " << seconds
-                                           << " s; its output:\n" << ReadFile(log);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  return ::testing::AssertionSuccess();
-}
-
-// s3rver on 127.0.0.1:port storing into `dir`, with bucket kBucket and *.s3.localhost as the
-// virtual-host domain.
-class S3rver {
- public:
-  ::testing::AssertionResult Start(const std::string& dir, int port, const std::string& log) {
-    dir_ = dir;
-    port_ = port;
-    log_ = log;
-    return Restart();
-  }
-  ::testing::AssertionResult Restart() {
-    const std::string node = FindOnPath("node");
-    if (node.empty()) return ::testing::AssertionFailure() << "node is not on PATH (scripts/install_deps.sh)";
-    // s3rver 3.7.1 encrypts continuation tokens with DES, which Node >= 17 (OpenSSL 3) has only in
-    // OpenSSL's legacy provider.
-    static const bool legacy = std::system((node + " --openssl-legacy-provider -e 0 >/dev/null 2>&1").c_str()) == 0;
-    std::vector<std::string> argv = {node};
-    if (legacy) argv.push_back("--openssl-legacy-provider");
-    for (const std::string& a : {S3rverScript(), std::string("-d"), dir_, std::string("-a"), std::string("127.0.0.1"),
-                                 std::string("-p"), std::to_string(port_), std::string("--silent"),
-                                 std::string("--service-endpoint"), std::string("localhost"),
-                                 std::string("--configure-bucket"), std::string(kBucket)}) {
-      argv.push_back(a);
-    }
-    return StartServer(child_, argv, log_, port_, 30);
-  }
-  void Kill() { child_.Kill(); }
-  int port() const { return port_; }
-
- private:
-  std::string dir_, log_;
-  int port_ = 0;
-  Child child_;
-};
-
-size_t AppendToString(char* data, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(data, size * n);
-  return size * n;
-}
-
-// tests/checkpoint/s3_fault_proxy.py on 127.0.0.1:port in front of 127.0.0.1:upstream.
-class FaultProxy {
- public:
-  ::testing::AssertionResult Start(int port, int upstream, const std::string& log) {
-    port_ = port;
-    const std::string python = FindOnPath("python3");
-    if (python.empty()) return ::testing::AssertionFailure() << "python3 is not on PATH";
-    return StartServer(child_, {python, Source("tests/checkpoint/s3_fault_proxy.py"), "--port", std::to_string(port),
-                                "--upstream-port", std::to_string(upstream)},
-                       log, port, 30);
-  }
-  // GET /__proxy/<what>, parsed; null when the proxy does not answer.
-  nlohmann::json Control(const std::string& what) {
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    CURL* h = curl_easy_init();
-    std::string body;
-    const std::string url = fmt::format("http://127.0.0.1:{}/__proxy/{}", port_, what);
-    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, AppendToString);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
-    const CURLcode code = curl_easy_perform(h);
-    curl_easy_cleanup(h);
-    if (code != CURLE_OK) return nullptr;
-    return nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  }
-  // Arms a fault (s3_fault_proxy.py's config query) and clears the counters.
-  void Arm(const std::string& query) { ASSERT_FALSE(Control("config?" + query).is_null()) << query; }
-  nlohmann::json Stats() { return Control("stats"); }
-  int Requests() { return Stats().value("requests", -1); }
-  int Kind(const std::string& kind) {
-    const nlohmann::json s = Stats();
-    return s.contains("kinds") ? s["kinds"].value(kind, 0) : -1;
-  }
-  std::string endpoint() const { return fmt::format("http://127.0.0.1:{}", port_); }
-  int port() const { return port_; }
-
- private:
-  int port_ = 0;
-  Child child_;
-};
-
-// Runs argv (argv[0] a path) with extra env entries; its stdout and stderr in *output.
-int RunCommand(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log,
-        std::string* output, double seconds = 60) {
-  Child child;
-  if (!child.Start(argv, log, env)) return -1;
-  const int status = child.Wait(seconds);
-  *output = ReadFile(log);
-  return status;
 }
 
 // ---- The building blocks, without a server --------------------------------------------------
@@ -371,37 +120,6 @@ TEST(S3InternalTest, BuildsPathAndVirtualHostUrls) {
   custom.addressing = A::kVirtualHost;
   EXPECT_EQ(RequestUrl(custom, "bkt", "k", ""), "https://bkt.minio.example:9000/k");
 }
-
-// Sets and restores the variables S3OptionsFromEnvironment reads.
-class ScopedAwsEnv {
- public:
-  ScopedAwsEnv() {
-    for (const char* name : kNames) {
-      const char* v = std::getenv(name);
-      saved_.emplace_back(name, v == nullptr ? std::optional<std::string>() : std::optional<std::string>(v));
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedAwsEnv() {
-    for (const auto& [name, value] : saved_) {
-      if (value) {
-        ::setenv(name.c_str(), value->c_str(), 1);
-      } else {
-        ::unsetenv(name.c_str());
-      }
-    }
-  }
-  ScopedAwsEnv(const ScopedAwsEnv&) = delete;
-  ScopedAwsEnv& operator=(const ScopedAwsEnv&) = delete;
-  void Set(const char* name, const std::string& value) { ::setenv(name, value.c_str(), 1); }
-
- private:
-  static constexpr const char* kNames[] = {
-      "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
-      "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
-      "HOME"};
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
 
 TEST(S3OptionsTest, FromEnvironmentFilesAndPrecedence) {
   testing_util::TestDir tmp("tf_s3_env");
@@ -526,14 +244,8 @@ class S3StoreTest : public ::testing::Test {
 
   void SetUp() override {
     if (SkipServerTests()) GTEST_SKIP() << "TRAINFLOW_SKIP_S3_TESTS=1";
-    // Loopback only: no request of ours, boto3's or the proxy's goes through a configured proxy.
-    for (const char* v : {"http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"}) {
-      ::unsetenv(v);
-    }
-    ASSERT_TRUE(fs::exists(S3rverScript()))
-        << "s3rver is not installed (" << S3rverScript()
-        << " is missing): run scripts/install_s3rver.sh (scripts/install_deps.sh calls it), or set "
-           "TRAINFLOW_SKIP_S3_TESTS=1 to skip the S3 server tests";
+    UnsetHttpProxies();
+    ASSERT_TRUE(S3rverInstalled());
     if (!servers_) {
       auto s = std::make_unique<Servers>();
       const int s3_port = FreePort(), proxy_port = FreePort();
