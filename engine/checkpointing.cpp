@@ -230,11 +230,11 @@ StatusOr<bool> TrainCheckpointing::Finish(int64_t step) {
   const bool committed = s.last_committed_step == step;
   if (topo.rank == 0 && trainer_.options().print_progress) {
     if (committed) {
-      fmt::print("checkpoint step {} committed to {} ({} of state, {} stored; {} checkpoint{} written, {} failed, {} "
-                 "skipped)\n",
+      fmt::print("checkpoint step {} committed to {} ({} of state, {} stored; rank 0's part written in {:.2f} s; {} "
+                 "checkpoint{} written, {} failed, {} skipped)\n",
                  step, ckpt_->store().location(), Bytes(static_cast<double>(s.committed_raw_bytes)),
-                 Bytes(static_cast<double>(s.committed_new_bytes)), s.written, s.written == 1 ? "" : "s", s.failed,
-                 s.skipped + skipped_);
+                 Bytes(static_cast<double>(s.committed_new_bytes)), s.last_write_s, s.written,
+                 s.written == 1 ? "" : "s", s.failed, s.skipped + skipped_);
     } else {
       fmt::print("the final checkpoint (step {}) was not written: {}\n", step,
                  mine.ok() ? s.last_error : mine.ToString());

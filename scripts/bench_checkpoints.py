@@ -10,6 +10,8 @@ Parts:
             the median step time, the stall at step 100 (time the loop was blocked), the writer's
             time, and the overhead per 100 steps = stall + the extra time of the steps after it
             (against the no-checkpoint run's median).
+  s3        upload and restore of an uncompressed 124M checkpoint through s3rver on loopback, against
+            boto3's upload_file/download_file of the same number of bytes on the same server.
   disk      write throughput of an uncompressed 124M checkpoint against dd (conv=fsync) of the
             same size on the same disk, and the restore time of a checkpoint.
   sizes     per-component sizes of incremental checkpoints 10, 100 (and 1000) steps after their
@@ -99,11 +101,10 @@ def part_overhead(out, data, steps):
 def part_disk(out, data):
     ckdir = os.path.join(out, "ckpt")
     shutil.rmtree(ckdir, ignore_errors=True)
-    _, text = train_124m(out, data, "run", 2, ["--checkpoint_dir", ckdir, "--checkpoint_compress", "false",
-                                              "--checkpoint_interval", "1", "--checkpoint_when_busy", "wait"])
-    with open(os.path.join(ckdir, "step-000000000002", "MANIFEST.json")) as f:
+    _, text = train_124m(out, data, "run", 1, ["--checkpoint_dir", ckdir, "--checkpoint_compress", "false"])
+    with open(os.path.join(ckdir, "step-000000000001", "MANIFEST.json")) as f:
         m = json.load(f)
-    nbytes = sum(o["bytes"] for o in m["objects"] if o["key"].startswith("step-000000000002/"))
+    nbytes = sum(o["bytes"] for o in m["objects"] if o["key"].startswith("step-000000000001/"))
     wr = writer_seconds(text, 1)
     target = os.path.join(out, "dd.bin")
     count = max(1, nbytes // (16 << 20))
@@ -115,7 +116,7 @@ def part_disk(out, data):
     dd_bytes = count * (16 << 20)
     # Restore: a run that resumes and stops right away; its resume line says how long loading took.
     text, _ = run(["train", "--model", os.path.join(ROOT, "configs/model/gpt2-124m.json"), "--train_data",
-                   os.path.join(data, "train.bin"), "--batch_size", "4", "--seq_len", "64", "--max_steps", "2",
+                   os.path.join(data, "train.bin"), "--batch_size", "4", "--seq_len", "64", "--max_steps", "1",
                    "--eval_batches", "0", "--sample_tokens", "0", "--threads", "2", "--lr", "3e-4", "--warmup_steps",
                    "10", "--out_dir", os.path.join(out, "restore"), "--checkpoint_dir", ckdir,
                    "--checkpoint_compress", "false"])
@@ -179,12 +180,82 @@ def part_sizes(out, data, big_steps):
     component_sizes(ckdir, 10, [10, 100, 1000])
 
 
+def start_s3rver(out):
+    """s3rver (scripts/install_s3rver.sh) on 127.0.0.1 with bucket 'bench'; returns (process, endpoint)."""
+    import socket
+    script = os.path.join(ROOT, "third_party/s3rver/node_modules/s3rver/bin/s3rver.js")
+    if not os.path.exists(script):
+        sys.exit(f"{script} missing: run scripts/install_s3rver.sh")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    data = os.path.join(out, "s3rver")
+    shutil.rmtree(data, ignore_errors=True)
+    os.makedirs(data)
+    legacy = subprocess.run(["node", "--openssl-legacy-provider", "-e", "0"], capture_output=True).returncode == 0
+    proc = subprocess.Popen(["node"] + (["--openssl-legacy-provider"] if legacy else []) +
+                            [script, "-d", data, "-a", "127.0.0.1", "-p", str(port), "--silent",
+                             "--configure-bucket", "bench"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):  # bounded: 30 s
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                break
+        except OSError:
+            time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def part_s3(out, data):
+    proc, endpoint = start_s3rver(out)
+    env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY="S3RVER",
+               AWS_REGION="us-east-1")
+    try:
+        url = "s3://bench/ckpt"
+        common = ["train", "--model", os.path.join(ROOT, "configs/model/gpt2-124m.json"), "--train_data",
+                  os.path.join(data, "train.bin"), "--batch_size", "4", "--seq_len", "64", "--eval_batches", "0",
+                  "--sample_tokens", "0", "--threads", "2", "--lr", "3e-4", "--warmup_steps", "10",
+                  "--checkpoint_dir", url, "--checkpoint_compress", "false"]
+        text, _ = run(common + ["--max_steps", "1", "--out_dir", os.path.join(out, "s3run")], env=env)
+        m = re.search(r"checkpoint step 1 committed to .*\(([0-9.]+) GiB of state, ([0-9.]+) GiB stored", text)
+        wr = re.search(r"written in ([0-9.]+) s", text)
+        text2, _ = run(common + ["--max_steps", "1", "--out_dir", os.path.join(out, "s3restore")], env=env)
+        restored = re.search(r"restored in ([0-9.]+) s", text2)
+        import boto3
+        s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="S3RVER", aws_secret_access_key="S3RVER",
+                          region_name="us-east-1")
+        blob = os.path.join(out, "blob.bin")
+        size = int(float(m.group(2)) * 2**30) if m else 1 << 30
+        with open(blob, "wb") as f:
+            f.write(os.urandom(size))
+        t0 = time.time()
+        s3.upload_file(blob, "bench", "blob.bin")
+        up = time.time() - t0
+        t0 = time.time()
+        s3.download_file("bench", "blob.bin", blob + ".back")
+        down = time.time() - t0
+        os.remove(blob)
+        os.remove(blob + ".back")
+        print("\n## S3 (s3rver on loopback): uncompressed 124M checkpoint vs boto3 on a file of the same size")
+        if m and wr:
+            gib = float(m.group(2))
+            print(f"trainflow upload (writer, 4 chunks in flight): {gib:.2f} GiB in {float(wr.group(1)):.2f} s = "
+                  f"{gib * 1024 / float(wr.group(1)):.0f} MiB/s")
+        if restored and m:
+            print(f"trainflow restore (download + verify + load): {restored.group(1)} s = "
+                  f"{float(m.group(2)) * 1024 / float(restored.group(1)):.0f} MiB/s")
+        print(f"boto3 upload_file:   {size / 2**30:.2f} GiB in {up:.2f} s = {size / up / 2**20:.0f} MiB/s")
+        print(f"boto3 download_file: {size / 2**30:.2f} GiB in {down:.2f} s = {size / down / 2**20:.0f} MiB/s")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=130)
     ap.add_argument("--big-steps", type=int, default=110, help="124M steps for the sizes part")
     ap.add_argument("--out", default="/tmp/tf_bench_ckpt")
-    ap.add_argument("--parts", default="overhead,disk,sizes")
+    ap.add_argument("--parts", default="overhead,disk,s3,sizes")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     data = gpt2_data(a.out)
@@ -194,6 +265,8 @@ def main():
         part_overhead(a.out, data, a.steps)
     if "disk" in parts:
         part_disk(a.out, data)
+    if "s3" in parts:
+        part_s3(a.out, data)
     if "sizes" in parts:
         part_sizes(a.out, data, a.big_steps)
 
