@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""The boto3/botocore side of tests/checkpoint/s3_store_test.cpp and s3_checkpoint_test.cpp: a
-standard S3 client that reads and writes the objects of our store, an independent SigV4 check of
-our signed requests, and an independent reader of TrainFlow checkpoints (docs/checkpoints.md).
+"""The boto3/botocore side of the S3 tests: a standard client, a SigV4 check, a checkpoint reader.
+
+For tests/checkpoint/s3_store_test.cpp and s3_checkpoint_test.cpp: a standard S3 client that reads
+and writes the objects of our store, an independent SigV4 check of our signed requests, and an
+independent reader of TrainFlow checkpoints (docs/checkpoints.md).
 
 Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN; the endpoint
 and bucket from the command line. Path-style addressing, region us-east-1 unless --region.
@@ -17,10 +19,11 @@ and bucket from the command line. Path-style addressing, region us-east-1 unless
                        files"
   s3_interop.py verify-manifest --endpoint URL --bucket B --prefix P [--page-size K]
                        lists P/ in pages of K keys; for every P/step-*/MANIFEST.json: checks its
-                       checksum, format and step, then reads every object it lists and checks its
-                       size and xxh64 (a pure-Python XXH64, sharing no code with the C library);
+                       checksum, format and step and that it lists every chunk of every tensor
+                       once, then reads every object it lists and checks its size and xxh64 (a
+                       pure-Python XXH64, sharing no code with the C library);
                        prints one line per checkpoint ("step-000000000010 full: 21 objects,
-                       357312 bytes, xxh64 ok") and "verified N checkpoints, M objects"
+                       357312 bytes, ok") and "verified N checkpoints, M objects"
   s3_interop.py verify-sigv4 --requests F                           F: JSON list of captured
                        requests (s3_fault_proxy.py's /__proxy/captured); recomputes each
                        Authorization signature with botocore's S3SigV4Auth and checks the payload
@@ -44,7 +47,7 @@ from botocore.credentials import Credentials
 
 AUTH_RE = re.compile(r"^AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/s3/aws4_request, "
                      r"SignedHeaders=([a-z0-9;-]+), Signature=([0-9a-f]{64})$")
-MANIFEST_RE = re.compile(r"^(.*/)?(step-(\d{12}))/MANIFEST\.json$")
+MANIFEST_RE = re.compile(r"^(step-(\d{12}))/MANIFEST\.json$")  # relative to the checkpoint root
 
 
 # XXH64 (seed 0), from the algorithm's specification (xxhash.com, "xxHash fast digest algorithm").
@@ -163,6 +166,7 @@ def cmd_verify_manifest(args):
         text = s3.get_object(Bucket=args.bucket, Key=key)["Body"].read()
         manifest = json.loads(text)
         where = "s3://%s/%s" % (args.bucket, key)
+        before = len(problems)
         body = {k: v for k, v in manifest.items() if k != "checksum"}
         # The checksum covers the compact dump of the other fields (nlohmann's: keys sorted, UTF-8).
         compact = json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
@@ -171,9 +175,8 @@ def cmd_verify_manifest(args):
                                                                                  xxh64(compact)))
         if manifest.get("format") != "trainflow.checkpoint" or manifest.get("version") != 1:
             problems.append("%s: format %r version %r" % (where, manifest.get("format"), manifest.get("version")))
-        if manifest.get("step") != int(match.group(3)):
-            problems.append("%s: step %r under prefix %s" % (where, manifest.get("step"), match.group(2)))
-        before = len(problems)
+        if manifest.get("step") != int(match.group(2)):
+            problems.append("%s: step %r under prefix %s" % (where, manifest.get("step"), match.group(1)))
         for tensor in manifest["tensors"]:
             chunks = sorted(o["chunk"] for o in manifest["objects"] if o.get("tensor") == tensor["name"])
             count = -(-tensor["elements"] // tensor["chunk_elements"])
@@ -190,9 +193,8 @@ def cmd_verify_manifest(args):
             elif "%016x" % xxh64(data) != entry["xxh64"]:
                 problems.append("%s: %s has xxh64 %016x, the manifest says %s" % (where, entry["key"], xxh64(data),
                                                                                   entry["xxh64"]))
-        print("%s %s: %d objects, %d bytes, xxh64 %s" % (match.group(2), manifest.get("kind"),
-                                                         len(manifest["objects"]), total,
-                                                         "FAILED" if len(problems) > before else "ok"))
+        print("%s %s: %d objects, %d bytes, %s" % (match.group(1), manifest.get("kind"), len(manifest["objects"]),
+                                                   total, "FAILED" if len(problems) > before else "ok"))
         checkpoints += 1
         objects += len(manifest["objects"])
     if problems:
