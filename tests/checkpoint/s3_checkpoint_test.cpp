@@ -41,6 +41,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using cli_testing::RunResult;
+using cli_testing::ExpectSameWeights;
 using cli_testing::StepRecords;
 using namespace s3_testing;  // NOLINT: the servers, Child and helpers of s3_test_servers.h
 
@@ -198,20 +199,6 @@ class S3CheckpointTest : public ::testing::Test {
     return suite_->reference;
   }
 
-  // model.safetensors of two out_dirs: every tensor bit for bit, and the same step.
-  void ExpectSameWeights(const std::string& a, const std::string& b) {
-    auto wa = ReadSafetensors(a + "/model.safetensors");
-    auto wb = ReadSafetensors(b + "/model.safetensors");
-    ASSERT_TRUE(wa.ok() && wb.ok()) << wa.status().ToString() << wb.status().ToString();
-    ASSERT_EQ(wa->tensors.size(), wb->tensors.size());
-    for (size_t i = 0; i < wa->tensors.size(); ++i) {
-      const auto& x = wa->tensors[i].data;
-      const auto& y = wb->tensors[i].data;
-      EXPECT_TRUE(x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0)
-          << wa->tensors[i].name;
-    }
-    EXPECT_EQ(wa->metadata.at("trainflow.step"), wb->metadata.at("trainflow.step"));
-  }
   // Every step record of `out`'s metrics.jsonl is the reference's record of that step.
   void ExpectReferenceRecords(const std::string& out, size_t expected_records) {
     const auto ref = StepRecords(ReadFile(Reference() + "/metrics.jsonl"));

@@ -84,20 +84,6 @@ class CheckpointResumeTest : public CliFixture {
     return launcher;
   }
 
-  // model.safetensors of two runs: every tensor bit for bit (the metadata names their own dirs).
-  void ExpectSameWeights(const std::string& a, const std::string& b) {
-    auto wa = ReadSafetensors(Path(a + "/model.safetensors"));
-    auto wb = ReadSafetensors(Path(b + "/model.safetensors"));
-    ASSERT_TRUE(wa.ok() && wb.ok()) << wa.status().ToString() << wb.status().ToString();
-    ASSERT_EQ(wa->tensors.size(), wb->tensors.size());
-    for (size_t i = 0; i < wa->tensors.size(); ++i) {
-      const auto& x = wa->tensors[i].data;
-      const auto& y = wb->tensors[i].data;
-      EXPECT_TRUE(x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0)
-          << wa->tensors[i].name;
-    }
-    EXPECT_EQ(wa->metadata.at("trainflow.step"), wb->metadata.at("trainflow.step"));
-  }
   // Max |a - b| over the weights of two runs.
   double MaxWeightDiff(const std::string& a, const std::string& b) {
     auto wa = ReadSafetensors(Path(a + "/model.safetensors"));
@@ -173,7 +159,7 @@ class CheckpointResumeTest : public CliFixture {
     const RunResult last = RunWith(launcher, Args("run", steps, with));
     ASSERT_EQ(last.exit_code, 0) << last;
     EXPECT_NE(last.out.find("resumed from " + ckpt + "/step-"), std::string::npos) << last;
-    ExpectSameWeights("full", "run");
+    cli_testing::ExpectSameWeights(Path("full"), Path("run"));
     EXPECT_EQ(StepRecords(ReadAll(Path("run/metrics.jsonl"))), StepRecords(ReadAll(Path("full/metrics.jsonl"))));
     // The checkpoints verify, and the newest is the final step.
     const RunResult verify = Run({"checkpoint", "verify", ckpt});
@@ -270,7 +256,7 @@ TEST_F(CheckpointResumeTest, ADamagedNewestCheckpointIsNamedAndThePreviousOneUse
   EXPECT_NE(r.err.find("checkpoint step 8 is not usable"), std::string::npos) << r;
   EXPECT_NE(r.err.find("adam.v.000000"), std::string::npos) << r;
   EXPECT_NE(r.out.find("resumed from " + ckpt + "/step-000000000004"), std::string::npos) << r;
-  ExpectSameWeights("full", "run");
+  cli_testing::ExpectSameWeights(Path("full"), Path("run"));
   EXPECT_EQ(StepRecords(ReadAll(Path("run/metrics.jsonl"))), StepRecords(ReadAll(Path("full/metrics.jsonl"))));
 }
 

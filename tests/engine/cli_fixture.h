@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/token_file.h"
+#include "model/safetensors.h"
 #include "tests/test_dir.h"
 
 extern char** environ;
@@ -123,6 +125,22 @@ inline std::vector<uint16_t> LcgByteTokens(int n, uint64_t seed) {
     v = static_cast<uint16_t>(((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 256);
   }
   return t;
+}
+
+// model.safetensors of two out_dirs: every tensor bit for bit, and the same step (the rest of the
+// metadata names the runs' own directories).
+inline void ExpectSameWeights(const std::string& dir_a, const std::string& dir_b) {
+  auto wa = ReadSafetensors(dir_a + "/model.safetensors");
+  auto wb = ReadSafetensors(dir_b + "/model.safetensors");
+  ASSERT_TRUE(wa.ok() && wb.ok()) << wa.status().ToString() << wb.status().ToString();
+  ASSERT_EQ(wa->tensors.size(), wb->tensors.size());
+  for (size_t i = 0; i < wa->tensors.size(); ++i) {
+    const auto& x = wa->tensors[i].data;
+    const auto& y = wb->tensors[i].data;
+    EXPECT_TRUE(x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0)
+        << wa->tensors[i].name;
+  }
+  EXPECT_EQ(wa->metadata.at("trainflow.step"), wb->metadata.at("trainflow.step"));
 }
 
 class CliFixture : public ::testing::Test {
