@@ -253,6 +253,32 @@ Status Env::WriteFileAtomically(const std::string& path, const std::function<Sta
   return SyncDir(DirName(path)).WithContext(fmt::format("writing '{}'", path));
 }
 
+Status Env::WriteFileVisible(const std::string& path, std::string_view content) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.v{}", path, ::getpid(), counter.fetch_add(1));
+  Status s = [&]() -> Status {
+    TF_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, NewWritableFile(tmp));
+    TF_RETURN_IF_ERROR(f->Append(content));
+    TF_RETURN_IF_ERROR(f->Close());
+    return RenameFile(tmp, path);
+  }();
+  if (!s.ok()) {
+    (void)RemoveFile(tmp);
+    return s.WithContext(fmt::format("writing '{}' (the previous file, if any, is unchanged)", path));
+  }
+  return Status::OK();
+}
+
+Status Env::SyncFileSystem(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", path, errno);
+  const int r = ::syncfs(fd);
+  const int err = errno;
+  ::close(fd);
+  if (r != 0) return Errno("cannot sync the file system of", path, err);
+  return Status::OK();
+}
+
 Status Env::RemoveDir(const std::string& dir) {
   if (::rmdir(dir.c_str()) != 0) return Errno("cannot remove directory", dir, errno);
   return Status::OK();

@@ -132,6 +132,19 @@ Status FaultInjectionEnv::SyncDir(const std::string& dir) {
   return Status::OK();
 }
 
+Status FaultInjectionEnv::SyncFileSystem(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TF_RETURN_IF_ERROR(Inject(&syncs_, options_.fail_sync_at, "cannot sync the file system of", path));
+  TF_RETURN_IF_ERROR(base_->SyncFileSystem(path));
+  for (auto& [file, d] : files_) {
+    d.entry_durable = true;
+    TF_ASSIGN_OR_RETURN(const FileInfo info, base_->Stat(file));
+    d.synced = info.exists ? info.size : 0;
+  }
+  renames_pending_.clear();
+  return Status::OK();
+}
+
 Status FaultInjectionEnv::SimulateCrash() {
   std::lock_guard<std::mutex> lock(mu_);
   // Undo renames newest first: the file goes back to its old name, the replaced one comes back.

@@ -42,6 +42,7 @@ class FaultInjectionEnv final : public Env {
   Status RenameFile(const std::string& from, const std::string& to) override;
   Status RemoveFile(const std::string& path) override;
   Status SyncDir(const std::string& dir) override;
+  Status SyncFileSystem(const std::string& path) override;  // everything written so far becomes durable
   Status CreateDirs(const std::string& dir) override;
   StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
   StatusOr<uint64_t> FreeSpace(const std::string& path) override;

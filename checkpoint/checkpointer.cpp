@@ -11,6 +11,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "base/huge_pages.h"
 #include "checkpoint/chunk_codec.h"
 
 namespace tf::checkpoint {
@@ -67,7 +68,7 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(std::unique_ptr<Obj
   for (int h = 0; h < 2; ++h) {
     Half& half = c->halves_[h];
     const size_t n = std::max<size_t>(c->half_elements_, 1);
-    half.data = o.allocate ? o.allocate(n) : new float[n];
+    half.data = o.allocate ? o.allocate(n) : static_cast<float*>(AllocateLarge(n * sizeof(float)));
     if (half.data == nullptr) {
       return Status::Internal("cannot allocate {:.1f} MiB for a checkpoint buffer", n * 4.0 / (1 << 20));
     }
@@ -99,7 +100,7 @@ Checkpointer::~Checkpointer() {
     if (options_.release) {
       options_.release(h.data);
     } else {
-      delete[] h.data;
+      FreeLarge(h.data);
     }
   }
 }
@@ -319,7 +320,7 @@ Status Checkpointer::WritePart(Half& half) {
     entry.xxh64 = XXH64(enc.bytes.data(), enc.bytes.size(), 0);
     entry.tensor = t.name;
     entry.chunk = job.chunk;
-    return store_->Put(entry.key, enc.bytes);
+    return store_->PutDeferred(entry.key, enc.bytes);
   };
   const size_t threads = std::clamp<size_t>(static_cast<size_t>(std::max(options_.writer_threads, 1)), 1, jobs.size() + 1);
   if (threads <= 1) {
@@ -349,6 +350,8 @@ Status Checkpointer::WritePart(Half& half) {
     if (keep_base) base_.entries[jobs[j].slot].push_back(entries[j]);
     part.objects.push_back(std::move(entries[j]));
   }
+  // Every chunk durable before the part list that makes them count.
+  TF_RETURN_IF_ERROR(store_->Sync());
   const std::string part_text = SerializeManifest(part);
   TF_RETURN_IF_ERROR(store_->Put(PartKey(step, options_.rank), part_text));
   if (keep_base) {
@@ -481,10 +484,11 @@ Status ReadTensorRange(ObjectStore& store, const Manifest& m, const std::string&
   }
   const int64_t C = t->chunk_elements;
   std::vector<float> base, full;
+  std::string data, base_bytes;  // reused: fresh 16 MiB buffers per chunk would page-fault anew
   for (int64_t c = begin / C; c * C < end; ++c) {
     const ObjectEntry* o = chunks.at(c);  // ParseManifest checked every chunk is listed
     const int64_t b = c * C, e = std::min(b + C, t->elements);
-    TF_ASSIGN_OR_RETURN(const std::string data, store.Get(o->key));
+    TF_RETURN_IF_ERROR(store.GetInto(o->key, &data));
     TF_RETURN_IF_ERROR(CheckObject(store, *o, data));
     base.clear();
     if (!o->base.empty()) {
@@ -492,13 +496,19 @@ Status ReadTensorRange(ObjectStore& store, const Manifest& m, const std::string&
       // recorded with the delta's entry in that checkpoint's manifest, not here, so check what is
       // decoded instead (the codec's own checks and the sizes).
       auto base_entry = by_key.find(o->base);
-      TF_ASSIGN_OR_RETURN(const std::string base_bytes, store.Get(o->base));
+      TF_RETURN_IF_ERROR(store.GetInto(o->base, &base_bytes));
       if (base_entry != by_key.end()) TF_RETURN_IF_ERROR(CheckObject(store, *base_entry->second, base_bytes));
       base.resize(static_cast<size_t>(e - b));
       TF_RETURN_IF_ERROR(DecodeChunk(base_bytes, {}, base).WithContext(fmt::format("{}/{}", store.location(), o->base)));
     }
+    const std::string where = fmt::format("{}/{}", store.location(), o->key);
+    if (b >= begin && e <= end) {  // the whole chunk is wanted: decode in place
+      TF_RETURN_IF_ERROR(DecodeChunk(data, base, out.subspan(static_cast<size_t>(b - begin), static_cast<size_t>(e - b)))
+                             .WithContext(where));
+      continue;
+    }
     full.resize(static_cast<size_t>(e - b));
-    TF_RETURN_IF_ERROR(DecodeChunk(data, base, full).WithContext(fmt::format("{}/{}", store.location(), o->key)));
+    TF_RETURN_IF_ERROR(DecodeChunk(data, base, full).WithContext(where));
     const int64_t lo = std::max(b, begin), hi = std::min(e, end);
     std::copy(full.begin() + (lo - b), full.begin() + (hi - b), out.begin() + (lo - begin));
   }

@@ -26,8 +26,19 @@ class ObjectStore {
   virtual ~ObjectStore() = default;
   // Writes `data` as object `key`, replacing any object of that name atomically.
   virtual Status Put(const std::string& key, std::string_view data) = 0;
+  // As Put (atomic), but durable only after the next Sync(): for many objects that one later
+  // durable Put (the part list, the manifest) makes count. Stores whose Put is durable anyway (S3)
+  // keep the default.
+  virtual Status PutDeferred(const std::string& key, std::string_view data) { return Put(key, data); }
+  // Makes every object put so far durable.
+  virtual Status Sync() { return Status::OK(); }
   // The whole object; NotFound naming it when there is none.
   virtual StatusOr<std::string> Get(const std::string& key) = 0;
+  // The same into `out`, reusing its memory where the store can.
+  virtual Status GetInto(const std::string& key, std::string* out) {
+    TF_ASSIGN_OR_RETURN(*out, Get(key));
+    return Status::OK();
+  }
   // Every key that starts with `prefix` ("" = all), sorted.
   virtual StatusOr<std::vector<std::string>> List(const std::string& prefix) = 0;
   // Removes the object; OK when it does not exist.

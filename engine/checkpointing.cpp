@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "base/huge_pages.h"
 #include "comm/codec.h"
 #include "comm/process_group.h"
 #include "comm/reducer.h"
@@ -277,9 +278,11 @@ StatusOr<TrainState> Load(Trainer& t, ObjectStore& store, const Manifest& m, std
     return Status::InvalidArgument("{} holds {} parameters, this model has {} (model config {} there)", where,
                                    pt == nullptr ? 0 : pt->elements, P, s.model_config);
   }
-  s.params.resize(static_cast<size_t>(P));
-  s.adam_m.resize(static_cast<size_t>(P));
-  s.adam_v.resize(static_cast<size_t>(P));
+  for (std::vector<float>* v : {&s.params, &s.adam_m, &s.adam_v}) {
+    v->reserve(static_cast<size_t>(P));
+    AdviseHugePages(v->data(), static_cast<size_t>(P) * sizeof(float));
+    v->resize(static_cast<size_t>(P));
+  }
   TF_RETURN_IF_ERROR(checkpoint::ReadTensorRange(store, m, "params", 0, P, s.params));
   TF_RETURN_IF_ERROR(checkpoint::ReadTensorRange(store, m, "adam.m", 0, P, s.adam_m));
   TF_RETURN_IF_ERROR(checkpoint::ReadTensorRange(store, m, "adam.v", 0, P, s.adam_v));

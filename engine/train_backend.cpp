@@ -74,10 +74,17 @@ class CpuBackend final : public TrainBackend {
   }
   Status SnapshotState(int64_t begin, int64_t end, float* params, float* m, float* v) override {
     TF_RETURN_IF_ERROR(CheckRange(layout(), begin, end));
-    const auto n = static_cast<size_t>(end - begin);
-    std::copy_n(model_->params().begin() + begin, n, params);
-    std::copy_n(optimizer_->m().begin() + begin, n, m);
-    std::copy_n(optimizer_->v().begin() + begin, n, v);
+    // The loop waits for this copy: all the cores, in 1 MiB blocks.
+    const float* src[3] = {model_->params().data() + begin, optimizer_->m().data() + begin,
+                           optimizer_->v().data() + begin};
+    float* dst[3] = {params, m, v};
+    constexpr int64_t kBlock = 1 << 18;
+    const int64_t blocks = (end - begin + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < 3 * blocks; ++i) {
+      const int64_t t = i / blocks, b = (i % blocks) * kBlock;
+      std::copy_n(src[t] + b, std::min(kBlock, end - begin - b), dst[t] + b);
+    }
     return Status::OK();
   }
   comm::GradientBuffer gradient_buffer() override {

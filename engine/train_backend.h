@@ -10,11 +10,11 @@
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <new>
 #include <span>
 #include <string>
 #include <utility>
 
+#include "base/huge_pages.h"
 #include "base/status.h"
 #include "comm/grad_sync_setup.h"
 #include "comm/process_group.h"
@@ -69,8 +69,8 @@ class TrainBackend {
   virtual Status WaitSnapshot() { return Status::OK(); }
   // Host memory for snapshots (page-locked on a GPU, so copies run asynchronously); nullptr when
   // out of memory. FreeHost releases it.
-  virtual float* AllocateHost(size_t elements) { return new (std::nothrow) float[elements]; }
-  virtual void FreeHost(float* p) { delete[] p; }
+  virtual float* AllocateHost(size_t elements) { return static_cast<float*>(AllocateLarge(elements * sizeof(float))); }
+  virtual void FreeHost(float* p) { FreeLarge(p); }
 
   // The gradients the GradientSync averages in place, and the hook announcing final ranges
   // (model/parameters.h GradReadyRanges) during backward.

@@ -90,8 +90,8 @@ TEST_F(CheckpointStoreTest, ManifestRoundTripsAndChecksItself) {
   Manifest m = At(100);
   m.created = "2026-12-06T00:00:00Z";
   m.tensors = {{"params", 10, 4}};
-  m.objects = {{"step-000000000100/params.bin", 1000, 0x0123456789abcdefull},
-               {"step-000000000100/adam/m.bin", 7, 42},
+  m.objects = {{"step-000000000100/params.bin", 1000, 0x0123456789abcdefull, "", -1, "", ""},
+               {"step-000000000100/adam/m.bin", 7, 42, "", -1, "", ""},
                {"step-000000000100/params.000000", 9, 1, "params", 0, "planes", ""},
                {"step-000000000090/params.000001", 9, 2, "params", 1, "raw", ""},
                {"step-000000000100/params.000002", 9, 3, "params", 2, "xor-planes", "step-000000000090/params.000002"}};
