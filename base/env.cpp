@@ -96,10 +96,32 @@ class PosixRandomAccessFile final : public RandomAccessFile {
 
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  // direct: fd was opened with O_DIRECT (see Env::NewDirectWritableFile).
+  PosixWritableFile(std::string path, int fd, bool direct = false)
+      : path_(std::move(path)), fd_(fd), direct_(direct) {}
   ~PosixWritableFile() override { (void)Close(); }
   Status Append(std::string_view data) override {
     if (fd_ < 0) return Status::Internal("'{}': append after close", path_);
+    if (direct_) {
+      // The aligned whole blocks of an aligned buffer go straight to the device; the file offset
+      // stays aligned until a tail, which (like anything unaligned) is written through the page
+      // cache from then on.
+      const size_t blocks = data.size() / kDirectIoAlignment * kDirectIoAlignment;
+      if (reinterpret_cast<uintptr_t>(data.data()) % kDirectIoAlignment == 0 && blocks > 0) {
+        TF_RETURN_IF_ERROR(WriteAll(data.substr(0, blocks)));
+        data.remove_prefix(blocks);
+      }
+      if (!data.empty()) {
+        const int flags = ::fcntl(fd_, F_GETFL);
+        if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) {
+          return Errno("cannot leave direct I/O for", path_, errno);
+        }
+        direct_ = false;
+      }
+    }
+    return WriteAll(data);
+  }
+  Status WriteAll(std::string_view data) {
     while (!data.empty()) {
       const ssize_t w = ::write(fd_, data.data(), data.size());
       if (w < 0) {
@@ -127,6 +149,7 @@ class PosixWritableFile final : public WritableFile {
  private:
   std::string path_;
   int fd_;
+  bool direct_;
 };
 
 class PosixEnv final : public Env {
@@ -146,6 +169,12 @@ class PosixEnv final : public Env {
   }
   StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override {
     return Open(path, O_APPEND);
+  }
+  StatusOr<std::unique_ptr<WritableFile>> NewDirectWritableFile(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_TRUNC | O_DIRECT, 0666);
+    if (fd >= 0) return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, /*direct=*/true));
+    if (errno != EINVAL) return Errno("cannot create", path, errno);
+    return Open(path, O_TRUNC);  // a file system without O_DIRECT (tmpfs): through the page cache
   }
   Status RenameFile(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0) return Errno("cannot rename '" + from + "' to", to, errno);
@@ -253,11 +282,15 @@ Status Env::WriteFileAtomically(const std::string& path, const std::function<Sta
   return SyncDir(DirName(path)).WithContext(fmt::format("writing '{}'", path));
 }
 
-Status Env::WriteFileVisible(const std::string& path, std::string_view content) {
+StatusOr<std::unique_ptr<WritableFile>> Env::NewDirectWritableFile(const std::string& path) {
+  return NewWritableFile(path);
+}
+
+Status Env::WriteFileVisible(const std::string& path, std::string_view content, bool direct) {
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = fmt::format("{}.tmp.{}.v{}", path, ::getpid(), counter.fetch_add(1));
   Status s = [&]() -> Status {
-    TF_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, NewWritableFile(tmp));
+    TF_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, direct ? NewDirectWritableFile(tmp) : NewWritableFile(tmp));
     TF_RETURN_IF_ERROR(f->Append(content));
     TF_RETURN_IF_ERROR(f->Close());
     return RenameFile(tmp, path);

@@ -10,6 +10,7 @@
 // Thread safety: Env methods are thread-safe; a file object is used by one thread at a time.
 // Ownership: file objects close themselves on destruction (unsynced data is then not guaranteed).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,6 +21,10 @@
 #include "base/status.h"
 
 namespace tf {
+
+// Address and length granularity of direct I/O (O_DIRECT): the page size, a multiple of every
+// common device's logical block size.
+inline constexpr size_t kDirectIoAlignment = 4096;
 
 class SequentialFile {
  public:
@@ -63,6 +68,12 @@ class Env {
   virtual StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
   // Creates or appends at the end.
   virtual StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) = 0;
+  // As NewWritableFile, but the file's whole kDirectIoAlignment blocks appended from an address
+  // aligned to kDirectIoAlignment bypass the page cache (O_DIRECT: no copy into the cache, no
+  // cache pages to allocate or write back; durable only after Sync/SyncFileSystem all the same).
+  // Anything else, and every file system without O_DIRECT (tmpfs), is written as usual. The
+  // default (for wrapping Envs) is NewWritableFile.
+  virtual StatusOr<std::unique_ptr<WritableFile>> NewDirectWritableFile(const std::string& path);
   virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
   virtual Status RemoveFile(const std::string& path) = 0;
   // Removes an empty directory (IOError naming it otherwise, e.g. when it is not empty).
@@ -83,7 +94,8 @@ class Env {
   // The same, but not yet durable: temp file, rename, no fsync (SyncFileSystem later). Readers see
   // the whole file or none; after a crash before SyncFileSystem the file may be empty or missing,
   // so only write this way what a later durable write (a manifest) makes count.
-  Status WriteFileVisible(const std::string& path, std::string_view content);
+  // direct: through NewDirectWritableFile (for big buffers written once and not read back soon).
+  Status WriteFileVisible(const std::string& path, std::string_view content, bool direct = false);
   // The whole file; InvalidArgument when it is larger than max_bytes.
   StatusOr<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes = uint64_t{1} << 30);
   // Fails early (before hours of work) when `dir` cannot hold outputs: creates it and a probe file.

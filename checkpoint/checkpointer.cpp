@@ -1,5 +1,8 @@
 #include "checkpoint/checkpointer.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <optional>
@@ -185,6 +188,14 @@ CheckpointerStats Checkpointer::stats() const {
 }
 
 void Checkpointer::WriterMain() {
+  if (options_.idle_priority) {
+    // Linux: this thread only (and the pool threads it starts, which inherit the policy).
+    sched_param param{};
+    if (const int err = pthread_setschedparam(pthread_self(), SCHED_IDLE, &param); err != 0) {
+      spdlog::warn("checkpoint writer: cannot run at idle priority ({}); it runs at normal priority",
+                   std::strerror(err));
+    }
+  }
   for (;;) {
     Task task;
     {
@@ -290,19 +301,23 @@ Status Checkpointer::WritePart(Half& half) {
   std::vector<ObjectEntry> entries(jobs.size());
   std::vector<std::optional<ObjectEntry>> bases(jobs.size());
   std::vector<Status> results(jobs.size());
-  auto work = [&](size_t j) -> Status {
+  const size_t threads = std::clamp<size_t>(static_cast<size_t>(std::max(options_.writer_threads, 1)), 1, jobs.size() + 1);
+  // One encode buffer per thread, kept across checkpoints: a fresh 16 MiB buffer per chunk costs
+  // its page faults, on some VMs as much time as writing it.
+  if (encode_buffers_.size() < threads) encode_buffers_.resize(threads);
+  auto work = [&](size_t j, ByteBuffer& bytes) -> Status {
     const Job& job = jobs[j];
     const StateTensor& t = *half.snapshot.slots[job.slot].tensor;
     ObjectEntry& entry = entries[j];
-    EncodedChunk enc;
+    ChunkEncoding encoding;
     if (incremental) {
       const ObjectEntry& prior = base_.entries[job.slot][static_cast<size_t>(job.index)];
       if (std::memcmp(job.data.data(), job.base.data(), job.data.size_bytes()) == 0) {
         entry = prior;  // unchanged: the full checkpoint's object serves
         return Status::OK();
       }
-      enc = EncodeChunk(job.data, job.base, codec);
-      if (enc.encoding == ChunkEncoding::kXorPlanes) {
+      encoding = EncodeChunkInto(job.data, job.base, codec, bytes);
+      if (encoding == ChunkEncoding::kXorPlanes) {
         entry.base = prior.key;
         // The base object is listed too (as a plain object), so it is verified and kept.
         ObjectEntry listed;
@@ -312,20 +327,19 @@ Status Checkpointer::WritePart(Half& half) {
         bases[j] = std::move(listed);
       }
     } else {
-      enc = EncodeChunk(job.data, {}, codec);
+      encoding = EncodeChunkInto(job.data, {}, codec, bytes);
     }
-    entry.encoding = std::string(EncodingName(enc.encoding));
+    entry.encoding = std::string(EncodingName(encoding));
     entry.key = ChunkKey(step, t.name, job.chunk);
-    entry.bytes = enc.bytes.size();
-    entry.xxh64 = XXH64(enc.bytes.data(), enc.bytes.size(), 0);
+    entry.bytes = bytes.size();
+    entry.xxh64 = XXH64(bytes.data(), bytes.size(), 0);
     entry.tensor = t.name;
     entry.chunk = job.chunk;
-    return store_->PutDeferred(entry.key, enc.bytes);
+    return store_->PutDeferred(entry.key, bytes.view());
   };
-  const size_t threads = std::clamp<size_t>(static_cast<size_t>(std::max(options_.writer_threads, 1)), 1, jobs.size() + 1);
   if (threads <= 1) {
     for (size_t j = 0; j < jobs.size(); ++j) {
-      results[j] = work(j);
+      results[j] = work(j, encode_buffers_[0]);
       if (!results[j].ok()) break;
     }
   } else {
@@ -333,9 +347,9 @@ Status Checkpointer::WritePart(Half& half) {
     std::atomic<bool> failed{false};
     std::vector<std::thread> pool;
     for (size_t k = 0; k < threads; ++k) {
-      pool.emplace_back([&] {
+      pool.emplace_back([&, k] {
         for (size_t j; !failed && (j = next++) < jobs.size();) {
-          results[j] = work(j);
+          results[j] = work(j, encode_buffers_[k]);
           if (!results[j].ok()) failed = true;
         }
       });

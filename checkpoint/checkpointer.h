@@ -40,6 +40,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/byte_buffer.h"
 #include "base/status.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/object_store.h"
@@ -61,6 +62,9 @@ struct CheckpointerOptions {
   bool wait_when_busy = true;  // a checkpoint due while both halves are busy: wait for one (else skip it)
   bool compress = true;        // byte planes + zstd (else raw floats)
   int writer_threads = 1;      // chunks encoded and put concurrently (S3: several requests in flight)
+  // Run the writer (and its pool) at idle priority (SCHED_IDLE): on cores training keeps busy, it
+  // takes only the time they would idle, so it takes longer but barely slows training.
+  bool idle_priority = false;
   int zstd_level = 0;          // 0: the chunk codec's default (its fastest level with Huffman coding)
   int full_every = 1;          // 1: every checkpoint full; K: a full one, then K-1 incremental ones
   int keep_last = 0;           // retention on rank 0 after each commit: 0 keeps every checkpoint
@@ -164,6 +168,7 @@ class Checkpointer {
   size_t half_elements_ = 0;
   Half halves_[2];
   Base base_;  // writer thread
+  std::vector<ByteBuffer> encode_buffers_;  // writer thread: one per writer pool thread
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

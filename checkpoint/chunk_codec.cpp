@@ -144,13 +144,15 @@ PlaneSet EncodePlanes(std::span<const float> data, const float* base, int level,
   return set;
 }
 
-void AppendU64(std::string& out, uint64_t v) {
+template <class Out>  // std::string or ByteBuffer
+void AppendU64(Out& out, uint64_t v) {
   char b[sizeof(v)];
   std::memcpy(b, &v, sizeof(v));
   out.append(b, sizeof(b));
 }
 
-void AppendHeader(std::string& out, ChunkEncoding e, uint64_t n) {
+template <class Out>
+void AppendHeader(Out& out, ChunkEncoding e, uint64_t n) {
   out.append(kChunkMagic, sizeof(kChunkMagic));
   out.push_back(static_cast<char>(kChunkFormatVersion));
   out.push_back(static_cast<char>(e));
@@ -158,16 +160,19 @@ void AppendHeader(std::string& out, ChunkEncoding e, uint64_t n) {
   AppendU64(out, n);
 }
 
-std::string SerializeRaw(std::span<const float> data) {
-  std::string out;
+// The Serialize functions overwrite out, keeping its capacity (a reused buffer is not faulted in
+// again: on some VMs fresh pages cost as much as the disk write they feed).
+template <class Out>
+void SerializeRaw(std::span<const float> data, Out& out) {
+  out.clear();
   out.reserve(kChunkHeaderBytes + data.size_bytes());
   AppendHeader(out, ChunkEncoding::kRaw, data.size());
   if (!data.empty()) out.append(reinterpret_cast<const char*>(data.data()), data.size_bytes());
-  return out;
 }
 
-std::string SerializePlanes(ChunkEncoding e, size_t n, const PlaneSet& set) {
-  std::string out;
+template <class Out>
+void SerializePlanes(ChunkEncoding e, size_t n, const PlaneSet& set, Out& out) {
+  out.clear();
   out.reserve(set.total);
   AppendHeader(out, e, n);
   for (size_t k = 0; k < kNumPlanes; ++k) out.push_back(static_cast<char>(set.storage[k]));
@@ -177,7 +182,6 @@ std::string SerializePlanes(ChunkEncoding e, size_t n, const PlaneSet& set) {
     if (set.size[k] > 0) out.append(reinterpret_cast<const char*>(set.bytes[k]), set.size[k]);
   }
   assert(out.size() == set.total);
-  return out;
 }
 
 uint64_t LoadU64(const char* p) {
@@ -206,44 +210,66 @@ StatusOr<ChunkEncoding> ParseEncoding(std::string_view name) {
 
 StatusOr<std::string> EncodeChunkAs(ChunkEncoding encoding, std::span<const float> data,
                                     std::span<const float> base, const ChunkCodecOptions& o) {
+  std::string out;
   switch (encoding) {
-    case ChunkEncoding::kRaw: return SerializeRaw(data);
+    case ChunkEncoding::kRaw: SerializeRaw(data, out); return out;
     case ChunkEncoding::kPlanes:
-      return SerializePlanes(encoding, data.size(), EncodePlanes(data, nullptr, o.zstd_level, State()));
+      SerializePlanes(encoding, data.size(), EncodePlanes(data, nullptr, o.zstd_level, State()), out);
+      return out;
     case ChunkEncoding::kXorPlanes:
       if (base.size() != data.size()) {
         return Status::InvalidArgument("xor-planes needs a base of the chunk's size ({} floats), got {}", data.size(),
                                        base.size());
       }
-      return SerializePlanes(encoding, data.size(), EncodePlanes(data, base.data(), o.zstd_level, State()));
+      SerializePlanes(encoding, data.size(), EncodePlanes(data, base.data(), o.zstd_level, State()), out);
+      return out;
   }
   return Status::InvalidArgument("unknown chunk encoding {}", static_cast<int>(encoding));
 }
 
-EncodedChunk EncodeChunk(std::span<const float> data, std::span<const float> base, const ChunkCodecOptions& o) {
+namespace {
+
+template <class Out>
+ChunkEncoding EncodeInto(std::span<const float> data, std::span<const float> base, const ChunkCodecOptions& o,
+                         Out& out) {
   assert(base.empty() || base.size() == data.size());
   const size_t n = data.size();
   ThreadState& ts = State();
-  // Each candidate overwrites the thread's scratch, so the best so far is serialised. The delta,
-  // the usual winner when there is a base, goes first; ties go to raw, then planes.
+  // Each candidate overwrites the thread's scratch, so the best so far is serialised into out. The
+  // delta, the usual winner when there is a base, goes first; ties go to raw, then planes.
   size_t best_size = kChunkHeaderBytes + 4 * n;
-  EncodedChunk best{ChunkEncoding::kRaw, {}};
+  ChunkEncoding best = ChunkEncoding::kRaw;
   if (!base.empty() && base.size() == n) {
     const PlaneSet set = EncodePlanes(data, base.data(), o.zstd_level, ts);
     if (set.total < best_size) {
       best_size = set.total;
-      best = {ChunkEncoding::kXorPlanes, SerializePlanes(ChunkEncoding::kXorPlanes, n, set)};
+      best = ChunkEncoding::kXorPlanes;
+      SerializePlanes(best, n, set, out);
     }
   }
   if (o.try_planes) {
     const PlaneSet set = EncodePlanes(data, nullptr, o.zstd_level, ts);
-    if (set.total < best_size || (set.total == best_size && best.encoding == ChunkEncoding::kXorPlanes)) {
+    if (set.total < best_size || (set.total == best_size && best == ChunkEncoding::kXorPlanes)) {
       best_size = set.total;
-      best = {ChunkEncoding::kPlanes, SerializePlanes(ChunkEncoding::kPlanes, n, set)};
+      best = ChunkEncoding::kPlanes;
+      SerializePlanes(best, n, set, out);
     }
   }
-  if (best.encoding == ChunkEncoding::kRaw) best.bytes = SerializeRaw(data);
+  if (best == ChunkEncoding::kRaw) SerializeRaw(data, out);
   return best;
+}
+
+}  // namespace
+
+ChunkEncoding EncodeChunkInto(std::span<const float> data, std::span<const float> base, const ChunkCodecOptions& o,
+                              ByteBuffer& out) {
+  return EncodeInto(data, base, o, out);
+}
+
+EncodedChunk EncodeChunk(std::span<const float> data, std::span<const float> base, const ChunkCodecOptions& o) {
+  EncodedChunk result;
+  result.encoding = EncodeInto(data, base, o, result.bytes);
+  return result;
 }
 
 Status DecodeChunk(std::string_view bytes, std::span<const float> base, std::span<float> out) {

@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/byte_buffer.h"
 #include "base/status.h"
 
 namespace tf::checkpoint {
@@ -67,6 +68,10 @@ struct EncodedChunk {
 // REQUIRES: base empty or base.size() == data.size() (otherwise base is ignored; asserts in debug).
 EncodedChunk EncodeChunk(std::span<const float> data, std::span<const float> base,
                          const ChunkCodecOptions& o = {});
+// As EncodeChunk, into out (overwritten; its memory is kept, so a buffer reused chunk after chunk
+// is allocated and faulted in once, and is aligned for direct I/O). Returns the encoding chosen.
+ChunkEncoding EncodeChunkInto(std::span<const float> data, std::span<const float> base, const ChunkCodecOptions& o,
+                              ByteBuffer& out);
 
 // data in exactly the given encoding (for tests and benchmarks; EncodeChunk picks for callers).
 // InvalidArgument for kXorPlanes when base.size() != data.size().

@@ -102,6 +102,7 @@ StatusOr<std::unique_ptr<TrainCheckpointing>> TrainCheckpointing::Create(Trainer
   o.chunk_elements = std::max<int64_t>(1, static_cast<int64_t>(c.checkpoint_chunk_mb * (1 << 20) / 4));
   o.wait_when_busy = c.checkpoint_when_busy == "wait";
   o.compress = c.checkpoint_compress;
+  o.idle_priority = c.checkpoint_writer_priority == "idle";
   // Object stores answer each request after a round trip: several chunks in flight. A local or
   // shared file system gets one writer (it competes with training for the cores).
   o.writer_threads = c.checkpoint_dir.starts_with("s3://") ? 4 : 1;

@@ -124,6 +124,7 @@ const std::map<std::string, Field>& Fields() {
       {"checkpoint_keep_every", IntIn(&TrainConfig::checkpoint_keep_every, 0, int64_t{1} << 53)},
       {"checkpoint_full_every", IntIn(&TrainConfig::checkpoint_full_every, 1, 1 << 20)},
       {"checkpoint_when_busy", Str(&TrainConfig::checkpoint_when_busy)},
+      {"checkpoint_writer_priority", Str(&TrainConfig::checkpoint_writer_priority)},
       {"checkpoint_async", Bool(&TrainConfig::checkpoint_async)},
       {"checkpoint_chunk_mb", Real(&TrainConfig::checkpoint_chunk_mb, 1.0 / 256, 4096.0)},
       {"checkpoint_compress", Bool(&TrainConfig::checkpoint_compress)},
@@ -212,6 +213,11 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
     return Status::InvalidArgument("{}: training config key 'checkpoint_when_busy' must be \"skip\" or \"wait\", got '{}'",
                                    source, c.checkpoint_when_busy);
   }
+  if (c.checkpoint_writer_priority != "idle" && c.checkpoint_writer_priority != "normal") {
+    return Status::InvalidArgument(
+        "{}: training config key 'checkpoint_writer_priority' must be \"idle\" or \"normal\", got '{}'", source,
+        c.checkpoint_writer_priority);
+  }
   if (c.resume.empty()) {
     return Status::InvalidArgument("{}: training config key 'resume' is empty: use \"auto\", \"none\" or a checkpoint's "
                                    "location",
@@ -267,6 +273,7 @@ json TrainConfigToJson(const TrainConfig& c) {
           {"checkpoint_keep_every", c.checkpoint_keep_every},
           {"checkpoint_full_every", c.checkpoint_full_every},
           {"checkpoint_when_busy", c.checkpoint_when_busy},
+          {"checkpoint_writer_priority", c.checkpoint_writer_priority},
           {"checkpoint_async", c.checkpoint_async},
           {"checkpoint_chunk_mb", c.checkpoint_chunk_mb},
           {"checkpoint_compress", c.checkpoint_compress},

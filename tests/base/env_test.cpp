@@ -4,6 +4,8 @@
 #include "base/env.h"
 #include "base/fault_env.h"
 
+#include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/byte_buffer.h"
 #include "tests/test_dir.h"
 
 namespace tf {
@@ -63,6 +66,64 @@ TEST_F(EnvTest, WriteReadRoundTripAndListing) {
   auto free_space = env->FreeSpace(dir_);
   ASSERT_TRUE(free_space.ok()) << free_space.status().ToString();
   EXPECT_GT(*free_space, 0u);
+}
+
+// The open flags of the descriptor this process holds on `path` (from /proc/self/fdinfo), or -1.
+long OpenFlags(const std::string& path) {
+  for (const auto& fd : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (fs::read_symlink(fd.path(), ec) != fs::path(path)) continue;
+    std::ifstream info("/proc/self/fdinfo/" + fd.path().filename().string());
+    for (std::string key; info >> key;) {
+      if (key == "flags:") {
+        std::string octal;
+        info >> octal;
+        return std::stol(octal, nullptr, 8);
+      }
+    }
+  }
+  return -1;
+}
+
+TEST_F(EnvTest, DirectWritesBypassTheCacheWhereTheyCanAndAlwaysWriteTheBytes) {
+  Env* env = Env::Default();
+  ByteBuffer aligned;
+  std::string pattern;
+  for (size_t i = 0; i < 3 * (size_t{2} << 20); ++i) pattern.push_back(static_cast<char>(i * 131 + i / 4099));
+  aligned.append(pattern.data(), pattern.size());
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(aligned.data()) % kDirectIoAlignment, 0u);
+  // Whole blocks, a tail, a file smaller than a block, nothing, and an unaligned address.
+  const size_t sizes[] = {3 * kDirectIoAlignment, (size_t{2} << 20) + 123, 100, 0, 5 * kDirectIoAlignment + 1};
+  for (size_t n : sizes) {
+    for (size_t at : {size_t{0}, size_t{1}}) {
+      const std::string_view content(aligned.data() + at, std::min(n, aligned.size() - at));
+      const std::string path = Path(fmt::format("direct-{}-{}", n, at));
+      ASSERT_TRUE(env->WriteFileVisible(path, content, /*direct=*/true).ok()) << path;
+      EXPECT_EQ(Read(path), content) << path;
+    }
+  }
+  EXPECT_EQ(Listing().size(), std::size(sizes) * 2);  // no temporary file left
+  // On this file system (not tmpfs) the descriptor really is O_DIRECT until an unaligned tail.
+  auto f = env->NewDirectWritableFile(Path("flags"));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const long flags = OpenFlags(Path("flags"));
+  ASSERT_NE(flags, -1);
+  const bool tmpfs = fs::path(dir_).string().starts_with("/dev/shm");
+  if (!tmpfs) {
+    EXPECT_NE(flags & O_DIRECT, 0) << "flags " << std::oct << flags;
+  }
+  ASSERT_TRUE((*f)->Append(std::string_view(aligned.data(), 2 * kDirectIoAlignment + 7)).ok());
+  EXPECT_EQ(OpenFlags(Path("flags")) & O_DIRECT, 0);  // the tail went through the page cache
+  ASSERT_TRUE((*f)->Append("more").ok());
+  ASSERT_TRUE((*f)->Close().ok());
+  EXPECT_EQ(Read(Path("flags")), std::string(aligned.data(), 2 * kDirectIoAlignment + 7) + "more");
+  // tmpfs has no O_DIRECT: the same call writes through the page cache.
+  if (fs::is_directory("/dev/shm") && ::access("/dev/shm", W_OK) == 0) {
+    const std::string shm = fmt::format("/dev/shm/tf_env_direct.{}", ::getpid());
+    ASSERT_TRUE(env->WriteFileVisible(shm, std::string_view(aligned.data(), 3 * kDirectIoAlignment), true).ok());
+    EXPECT_EQ(Read(shm), std::string_view(aligned.data(), 3 * kDirectIoAlignment));
+    fs::remove(shm);
+  }
 }
 
 TEST_F(EnvTest, AppendableFileAppends) {

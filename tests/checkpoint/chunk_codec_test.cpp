@@ -140,6 +140,7 @@ TEST(ChunkCodecTest, EncodingNames) {
 }
 
 TEST(ChunkCodecTest, EveryEncodingRoundTripsEveryKindOfData) {
+  ByteBuffer reused;
   for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{1000}, size_t{4097}, size_t{65537}}) {
     const std::vector<float> w0 = Normal(n, 0.02f, 1);
     const AdamState adam = AdamSteps(w0, 3, 1e-4f, 2);
@@ -166,6 +167,12 @@ TEST(ChunkCodecTest, EveryEncodingRoundTripsEveryKindOfData) {
             EXPECT_NE(enc.encoding, ChunkEncoding::kPlanes) << what;
           }
           ExpectRoundTrip(enc.bytes, c.data, c.base, what);
+          // Into a reused buffer that held a longer chunk before: the same encoding and bytes.
+          reused.clear();
+          reused.append(kChunkHeaderBytes + 4 * n + 100, '\x5a');
+          EXPECT_EQ(EncodeChunkInto(c.data, c.base, {.zstd_level = level, .try_planes = try_planes}, reused),
+                    enc.encoding) << what;
+          EXPECT_EQ(reused.view(), enc.bytes) << what;
         }
       }
     }

@@ -287,6 +287,8 @@ TEST_F(CheckpointResumeTest, BadCheckpointInputIsAClearError) {
   ExpectCleanFailure(Run(Args("other", 4, {"--resume", step4})), {manifest, "not a JSON object"});
   // Unknown keys of the checkpoint flags are refused like any other.
   ExpectCleanFailure(Run(Args("other", 4, {"--checkpoint_when_busy", "later"})), {"checkpoint_when_busy"});
+  ExpectCleanFailure(Run(Args("other", 4, {"--checkpoint_writer_priority", "high"})),
+                     {"checkpoint_writer_priority", "high"});
 }
 
 // A checkpoint directory on a tmpfs too small for two checkpoints (root only: mount). The first
