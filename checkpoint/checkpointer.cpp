@@ -188,6 +188,7 @@ CheckpointerStats Checkpointer::stats() const {
 }
 
 void Checkpointer::WriterMain() {
+  (void)pthread_setname_np(pthread_self(), kWriterThreadName);  // for top -H, perf and tests
   if (options_.idle_priority) {
     // Linux: this thread only (and the pool threads it starts, which inherit the policy).
     sched_param param{};

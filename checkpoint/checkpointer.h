@@ -56,6 +56,9 @@ struct StateTensor {
 // The chunks [first, last) of `chunks` that rank r of W writes: contiguous, sizes differing by <= 1.
 std::pair<int64_t, int64_t> OwnedChunks(int64_t chunks, int rank, int world);
 
+// The writer thread's name (/proc/PID/task/TID/comm, `top -H`).
+inline constexpr char kWriterThreadName[] = "tf-ckpt-writer";
+
 struct CheckpointerOptions {
   int rank = 0, world = 1;
   int64_t chunk_elements = int64_t{4} << 20;  // 16 MiB of fp32 per chunk object

@@ -72,7 +72,7 @@ struct TrainConfig {
   int64_t checkpoint_keep_every = 0;
   int checkpoint_full_every = 1;
   std::string checkpoint_when_busy = "skip";
-  std::string checkpoint_writer_priority = "idle";  // or "normal"
+  std::string checkpoint_writer_priority = "normal";  // or "idle"
   bool checkpoint_async = true;  // false: wait for each write (the synchronous baseline)
   double checkpoint_chunk_mb = 16;
   bool checkpoint_compress = true;

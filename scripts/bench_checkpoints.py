@@ -81,11 +81,11 @@ def part_overhead(out, data, steps):
     ckdir = os.path.join(out, "ckpt")
     configs = [
         ("no checkpoints (control)", None, []),
-        ("async full (writer at idle priority, the default)", "full", []),
-        ("async full, writer at normal priority", "full", ["--checkpoint_writer_priority", "normal"]),
-        ("async incremental, full every 5th (idle priority)", "incremental", ["--checkpoint_full_every", "5"]),
-        ("async incremental, full every 5th, normal priority", "incremental",
-         ["--checkpoint_full_every", "5", "--checkpoint_writer_priority", "normal"]),
+        ("async full (writer at normal priority, the default)", "full", []),
+        ("async full, writer at idle priority", "full", ["--checkpoint_writer_priority", "idle"]),
+        ("async incremental, full every 5th", "incremental", ["--checkpoint_full_every", "5"]),
+        ("async incremental, full every 5th, idle priority", "incremental",
+         ["--checkpoint_full_every", "5", "--checkpoint_writer_priority", "idle"]),
         ("sync full (`checkpoint_async false`)", "full", ["--checkpoint_async", "false"]),
     ]
     rows = []
@@ -120,22 +120,38 @@ def part_overhead(out, data, steps):
         print(f"| {name} | {ms:.0f} | {n} | {stall:.0f} | {wr:.2f} | {cost:.0f} [{lo:.0f}, {hi:.0f}] | {ov:+.2f}% |")
 
 
-def part_disk(out, data):
+def part_disk(out, data, reps=3):
+    """The writer's time for an uncompressed 124M checkpoint against dd writing the same bytes
+    (concatenated, from the page cache) with conv=fsync to the same disk: `reps` of each,
+    interleaved, medians (this VM's disk varies by 2x from one write to the next)."""
     ckdir = os.path.join(out, "ckpt")
-    shutil.rmtree(ckdir, ignore_errors=True)
-    _, text = train_124m(out, data, "run", 1, ["--checkpoint_dir", ckdir, "--checkpoint_compress", "false"])
-    with open(os.path.join(ckdir, "step-000000000001", "MANIFEST.json")) as f:
-        m = json.load(f)
-    nbytes = sum(o["bytes"] for o in m["objects"] if o["key"].startswith("step-000000000001/"))
-    wr = writer_seconds(text, 1)
+    src = os.path.join(out, "dd-source.bin")
     target = os.path.join(out, "dd.bin")
-    count = max(1, nbytes // (16 << 20))
-    t0 = time.time()
-    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=16M", f"count={count}", "conv=fsync"],
-                   capture_output=True, check=True)
-    dd_s = time.time() - t0
-    os.remove(target)
-    dd_bytes = count * (16 << 20)
+    writes, dds = [], []
+    for rep in range(reps):
+        shutil.rmtree(ckdir, ignore_errors=True)
+        subprocess.run(["sync"], check=True)
+        _, text = train_124m(out, data, "run", 1, ["--checkpoint_dir", ckdir, "--checkpoint_compress", "false"])
+        with open(os.path.join(ckdir, "step-000000000001", "MANIFEST.json")) as f:
+            m = json.load(f)
+        objects = [o for o in m["objects"] if o["key"].startswith("step-000000000001/")]
+        nbytes = sum(o["bytes"] for o in objects)
+        writes.append(writer_seconds(text, 1))
+        if rep == 0:
+            with open(src, "wb") as f:
+                for o in objects:
+                    with open(os.path.join(ckdir, o["key"]), "rb") as g:
+                        shutil.copyfileobj(g, f)
+            with open(src, "rb") as f:  # into the page cache: dd reads from memory
+                while f.read(1 << 24):
+                    pass
+        subprocess.run(["sync"], check=True)
+        t0 = time.time()
+        subprocess.run(["dd", f"if={src}", f"of={target}", "bs=16M", "conv=fsync"], capture_output=True, check=True)
+        dds.append(time.time() - t0)
+        os.remove(target)
+    os.remove(src)
+    wr, dd_s = statistics.median(writes), statistics.median(dds)
     # Restore: a run that resumes and stops right away; its resume line says how long loading took.
     text, _ = run(["train", "--model", os.path.join(ROOT, "configs/model/gpt2-124m.json"), "--train_data",
                    os.path.join(data, "train.bin"), "--batch_size", "4", "--seq_len", "64", "--max_steps", "1",
@@ -143,63 +159,78 @@ def part_disk(out, data):
                    "10", "--out_dir", os.path.join(out, "restore"), "--checkpoint_dir", ckdir,
                    "--checkpoint_compress", "false"])
     restored = re.search(r"restored in ([0-9.]+) s", text)
-    print("\n## disk: uncompressed 124M checkpoint (params + moments) vs dd, and restore")
-    print(f"checkpoint write: {nbytes / 2**30:.2f} GiB in {wr:.2f} s = {nbytes / wr / 2**20:.0f} MiB/s")
-    print(f"dd conv=fsync:    {dd_bytes / 2**30:.2f} GiB in {dd_s:.2f} s = {dd_bytes / dd_s / 2**20:.0f} MiB/s")
-    print(f"ratio: {nbytes / wr / (dd_bytes / dd_s) * 100:.0f}% of dd")
+    print(f"\n## disk: uncompressed 124M checkpoint (params + moments) vs dd of the same bytes, medians of {reps}")
+    print(f"checkpoint write: {nbytes / 2**30:.2f} GiB in {wr:.2f} s = {nbytes / wr / 2**20:.0f} MiB/s "
+          f"(each: {', '.join(f'{w:.2f}' for w in writes)} s)")
+    print(f"dd conv=fsync:    {nbytes / 2**30:.2f} GiB in {dd_s:.2f} s = {nbytes / dd_s / 2**20:.0f} MiB/s "
+          f"(each: {', '.join(f'{d:.2f}' for d in dds)} s)")
+    print(f"ratio: {dd_s / wr * 100:.0f}% of dd")
     print(f"restore (read, verify, load into the model): {restored.group(1) if restored else '?'} s")
 
 
-def component_sizes(ckdir, base_step, steps_after):
-    def load(step):
-        with open(os.path.join(ckdir, f"step-{step:012d}", "MANIFEST.json")) as f:
-            return json.load(f)
-    rows = []
-    full = load(base_step)
-    def per_tensor(m):
-        own = f"step-{m['step']:012d}/"
-        sizes = {}
-        for o in m["objects"]:
-            if o.get("tensor") and o["key"].startswith(own):
-                sizes[o["tensor"]] = sizes.get(o["tensor"], 0) + o["bytes"]
-        return sizes
-    raw = {t["name"]: t["elements"] * 4 for t in full["tensors"]}
-    rows.append(("full (planes + zstd)", per_tensor(full)))
-    for k in steps_after:
-        step = base_step + k
-        if os.path.exists(os.path.join(ckdir, f"step-{step:012d}", "MANIFEST.json")):
-            rows.append((f"incremental, {k} steps after", per_tensor(load(step))))
-    names = sorted(raw)
-    print("| checkpoint | " + " | ".join(names) + " | total | vs raw full |")
-    print("|---|" + "---|" * (len(names) + 2))
-    total_raw = sum(raw.values())
-    print("| raw full | " + " | ".join(f"{raw[n] / 2**20:.2f} MiB" for n in names) +
-          f" | {total_raw / 2**20:.2f} MiB | 1.00x |")
-    for name, sizes in rows:
-        total = sum(sizes.values())
-        print(f"| {name} | " + " | ".join(f"{sizes.get(n, 0) / 2**20:.2f} MiB" for n in names) +
-              f" | {total / 2**20:.2f} MiB | {total_raw / max(total, 1):.2f}x smaller |")
+DELTA_SIZES = os.path.join(ROOT, "build", "bench", "checkpoint_delta_sizes")
+
+
+def delta_sizes(ckdir, base, steps):
+    """bench/checkpoint_delta_sizes: what incremental checkpoints at `steps` would store against a
+    full one at `base`, per component, by the writer's own rules."""
+    p = subprocess.run([DELTA_SIZES, ckdir, str(base)] + [str(s) for s in steps], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"checkpoint_delta_sizes {ckdir} {base} failed:\n{p.stderr}")
+    print(p.stdout, end="")
 
 
 def part_sizes(out, data, big_steps):
+    # The default job (byte-small on fortunes), a checkpoint every 10 steps, all kept.
     ckdir = os.path.join(out, "ckpt_sizes")
-    # The default job (byte-small on fortunes): full at step 100, incrementals every 10 steps after.
     shutil.rmtree(ckdir, ignore_errors=True)
     fortunes_dir = os.path.join(out, "fortunes")
     shutil.rmtree(fortunes_dir, ignore_errors=True)
     run(["train", "--model", os.path.join(ROOT, "configs/model/byte-small.json"), "--train",
-         os.path.join(ROOT, "configs/train/fortunes.json"), "--max_steps", "1100", "--eval_interval", "0",
-         "--sample_tokens", "0", "--log_interval", "500", "--out_dir", fortunes_dir, "--checkpoint_dir", ckdir,
-         "--checkpoint_interval", "10", "--checkpoint_full_every", "1000", "--checkpoint_keep_last", "0",
-         "--checkpoint_when_busy", "wait"])
-    print("\n## sizes: the default job (byte-small, fortunes), full checkpoint at step 10")
-    component_sizes(ckdir, 10, [10, 100, 1000])
+         os.path.join(ROOT, "configs/train/fortunes.json"), "--eval_interval", "0", "--sample_tokens", "0",
+         "--log_interval", "500", "--out_dir", fortunes_dir, "--checkpoint_dir", ckdir, "--checkpoint_interval", "10",
+         "--checkpoint_keep_last", "0", "--checkpoint_when_busy", "wait"])
+    for base in (10, 500, 1000):
+        print(f"\n## sizes: the default job (byte-small, fortunes, 1500 steps), against a full checkpoint at step {base}")
+        delta_sizes(ckdir, base, [s for s in (base + 10, base + 100, base + 1000) if s <= 1500])
     shutil.rmtree(ckdir, ignore_errors=True)
-    train_124m(out, data, "sizes124m", big_steps, ["--checkpoint_dir", ckdir, "--checkpoint_interval", "10",
-                                                   "--checkpoint_full_every", "1000", "--checkpoint_keep_last", "0",
-                                                   "--checkpoint_when_busy", "wait"])
-    print(f"\n## sizes: GPT-2 124M (B=4, T=64), full checkpoint at step 10")
-    component_sizes(ckdir, 10, [10, 100, 1000])
+    # The residuals: the same job on 2 ranks (MPI on loopback) with int8 compression and error
+    # feedback, stopped at step 210.
+    mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "oob_tcp_if_include", "lo", "--mca",
+           "btl_tcp_if_include", "lo", "-np", "2", "-x", "OMP_NUM_THREADS=1", "-x", "OMP_WAIT_POLICY=PASSIVE", BIN]
+    shutil.rmtree(fortunes_dir, ignore_errors=True)
+    p = subprocess.run(mpi + ["train", "--model", os.path.join(ROOT, "configs/model/byte-small.json"), "--train",
+                              os.path.join(ROOT, "configs/train/fortunes.json"), "--eval_interval", "0",
+                              "--sample_tokens", "0", "--threads", "1", "--compression", "int8", "--error_feedback",
+                              "true", "--stop_at_step", "210", "--out_dir", fortunes_dir, "--checkpoint_dir", ckdir,
+                              "--checkpoint_interval", "10", "--checkpoint_keep_last", "0", "--checkpoint_when_busy",
+                              "wait"], capture_output=True, text=True, cwd=ROOT)
+    if p.returncode not in (0, 5):
+        sys.exit(f"2-rank int8 run failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    print("\n## sizes: the default job on 2 ranks, int8 compression with error feedback, against step 100")
+    delta_sizes(ckdir, 100, [110, 200])
+    shutil.rmtree(ckdir, ignore_errors=True)
+    # GPT-2 124M: one run of big_steps keeping a checkpoint every 100 steps; the +10 ones come from
+    # runs resumed from those and stopped 10 steps later (same schedule: stop_at_step, not max_steps).
+    ck = os.path.join(out, "ckpt_sizes124m")
+    shutil.rmtree(ck, ignore_errors=True)
+    train_124m(out, data, "sizes124m", big_steps, ["--checkpoint_dir", ck, "--checkpoint_interval", "100",
+                                                   "--checkpoint_keep_last", "0"])
+    side = os.path.join(out, "ckpt_sizes124m_side")
+    for base in (0, 500, big_steps - 100):
+        shutil.rmtree(side, ignore_errors=True)
+        resume = ["--resume", os.path.join(ck, f"step-{base:012d}")] if base else []
+        train_124m(out, data, f"sizes124m_{base}", big_steps, ["--checkpoint_dir", side, "--checkpoint_interval", "10",
+                                                               "--stop_at_step", str(base + 20 if base == 0 else base + 10)]
+                   + resume)
+        for name in os.listdir(side):
+            if name.startswith("step-") and not os.path.exists(os.path.join(ck, name)):
+                shutil.copytree(os.path.join(side, name), os.path.join(ck, name))
+    shutil.rmtree(side, ignore_errors=True)
+    print(f"\n## sizes: GPT-2 124M (B=4, T=64, lr 3e-4 cosine over {big_steps} steps)")
+    delta_sizes(ck, 10, [20])
+    for base in (100, 500, big_steps - 100):
+        delta_sizes(ck, base, [s for s in (base + 10, base + 100, base + 1000) if s <= big_steps])
 
 
 def start_s3rver(out):
@@ -275,7 +306,7 @@ def part_s3(out, data):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200, help="steps of the overhead runs")
-    ap.add_argument("--big-steps", type=int, default=110, help="124M steps for the sizes part")
+    ap.add_argument("--big-steps", type=int, default=1100, help="124M steps for the sizes part")
     ap.add_argument("--out", default="/tmp/tf_bench_ckpt")
     ap.add_argument("--parts", default="overhead,disk,s3,sizes")
     a = ap.parse_args()

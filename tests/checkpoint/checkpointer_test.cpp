@@ -4,7 +4,12 @@
 // changed ones are XOR deltas against the last full one, restores are bit-exact), retention that
 // keeps the bases of kept incremental checkpoints, the busy policy (skip or wait), and failures
 // (a full disk) that are counted and logged and leave the earlier checkpoints intact.
+#include <sched.h>
+
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -149,6 +154,34 @@ TEST_F(CheckpointerTest, TwoRanksWriteDisjointSlicesAndAnyReaderGetsTheWholeTens
 }
 
 // Three ranks and two chunks: the last rank writes none of the shared tensor.
+// The scheduling policy of this process's thread named `name` (field 41 of its stat), or -1.
+int ThreadPolicy(const std::string& name) {
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (!std::getline(comm, line) || line != name) continue;
+    std::ifstream stat(task.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    std::istringstream rest(text.substr(text.rfind(')') + 2));  // fields 3... after "pid (comm) "
+    std::string field;
+    for (int i = 3; i <= 41 && rest >> field; ++i) {
+      if (i == 41) return std::stoi(field);
+    }
+  }
+  return -1;
+}
+
+TEST_F(CheckpointerTest, TheWriterRunsAtIdlePriorityWhenAsked) {
+  for (bool idle : {false, true}) {
+    CheckpointerOptions o;
+    o.idle_priority = idle;
+    std::unique_ptr<Checkpointer> c = Make({{"params", 100, -1}}, o);
+    ASSERT_TRUE(Write(*c, 1, {{"params", Randn(100, 3)}}).ok());  // the writer has started
+    EXPECT_EQ(ThreadPolicy(kWriterThreadName), idle ? SCHED_IDLE : SCHED_OTHER) << "idle " << idle;
+    EXPECT_TRUE(BitEqual(Read(1, "params"), Randn(100, 3)));
+  }
+}
+
 TEST_F(CheckpointerTest, FewerChunksThanRanks) {
   const std::vector<float> v = Randn(100, 5);
   std::unique_ptr<Checkpointer> ranks[3];
