@@ -127,7 +127,8 @@ StatusOr<BenchResult> RunBench(const GPT2Config& config, TrainConfig train, cons
   train.resume_state.clear();
   train.init_from.clear();
   TF_RETURN_IF_ERROR(ValidateRun(config, train));
-  Trainer::Options options{.print_progress = false, .write_outputs = false, .distributed = false, .evaluate = false};
+  Trainer::Options options{
+      .print_progress = false, .write_outputs = false, .distributed = false, .evaluate = false, .monitor = false};
   // Synthetic data: uniform random tokens, enough for every micro-batch to read fresh ones.
   const size_t n = static_cast<size_t>(train.tokens_per_step()) * static_cast<size_t>(train.max_steps) + 1;
   options.train_tokens.resize(std::min<size_t>(n, size_t{1} << 26));

@@ -19,6 +19,7 @@
 #include "engine/env_report.h"
 #include "engine/data_loader.h"
 #include "engine/prepare.h"
+#include "engine/run_report.h"
 #include "engine/checkpoint_cli.h"
 #include "engine/sampler.h"
 #include "engine/train_config.h"
@@ -443,6 +444,12 @@ int RunCli(int argc, char** argv) {
   exp->add_option("--dtype", dtype, "fp32, fp16 or bf16 (as train's --dtype; f32 and f16 are accepted too)")
       ->capture_default_str();
 
+  // report
+  auto* report = app.add_subcommand("report", "Write a self-contained HTML report of a run's curves (metrics.jsonl)");
+  std::string report_dir, report_out;
+  report->add_option("RUN_DIR", report_dir, "The run's out_dir (holding metrics.jsonl)")->required();
+  report->add_option("--out", report_out, "Output file (default: RUN_DIR/report.html)");
+
   // env
   const auto checkpoints = AddCheckpointCommands(app);
 
@@ -521,6 +528,12 @@ int RunCli(int argc, char** argv) {
   }
 
   if (eval->parsed()) return CmdEval(ea);
+  if (report->parsed()) {
+    auto path = WriteRunReport(report_dir, report_out, Env::Default());
+    if (!path.ok()) return Fail(path.status());
+    fmt::print("report: {}\n", *path);
+    return 0;
+  }
   if (sample->parsed()) {
     sa.options.seed = static_cast<uint64_t>(sample_seed);
     sa.temperature_given = temp_opt->count() > 0;

@@ -1,4 +1,4 @@
-// The `trainflow` command line (CLI11): train, prepare, eval, sample, export, env, bench.
+// The `trainflow` command line (CLI11): train, prepare, eval, sample, export, report, checkpoint, env, bench.
 // Usage and every flag: `trainflow --help`, `trainflow <command> --help`; overview in README.md.
 #pragma once
 

@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "engine/monitoring.h"
 #include "model/config.h"
+#include "monitor/system_metrics.h"
 
 namespace tf {
 namespace {
@@ -155,6 +157,9 @@ class MetricsJsonlObserver final : public StepObserver {
  public:
   explicit MetricsJsonlObserver(std::string path) : path_(std::move(path)) {}
   Status OnStart(Trainer& t) override {
+    peak_ = PeakTflops(t.config(), t.backend().Describe());
+    if (peak_) *peak_ *= 1e12;
+    flops_per_token_ = FlopsPerToken(t.model_config(), t.config().seq_len);
     // A run from step 0 starts the file afresh; a resumed run continues it, without the records of
     // steps after the resumed one (a run that went on past its saved state and then died).
     if (t.step() > 0) TF_RETURN_IF_ERROR(KeepStepsUpTo(t.env(), t.step()).WithContext("metrics.jsonl"));
@@ -165,8 +170,17 @@ class MetricsJsonlObserver final : public StepObserver {
   }
   Status OnStep(Trainer& t, StepStats& s) override {
     if (!file_) return Status::OK();
-    nlohmann::json line{{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
-                        {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s}};
+    nlohmann::json line{{"step", s.step},
+                        {"loss", s.loss},
+                        {"lr", s.lr},
+                        {"grad_norm", s.grad_norm},
+                        {"ms", s.ms},
+                        {"tokens_per_s", s.tokens_per_s},
+                        {"data_ms", s.data_ms},
+                        {"compute_ms", s.compute_ms},
+                        {"optimizer_ms", s.optimizer_ms},
+                        {"rss_bytes", monitor::ResidentBytes()}};
+    if (peak_) line["mfu"] = flops_per_token_ * s.tokens_per_s / (*peak_ * t.topology().world);
     if (t.data_parallel()) {
       line["comm_exposed_ms"] = s.comm_exposed_ms;
       line["comm_ms"] = s.comm_ms;
@@ -176,7 +190,26 @@ class MetricsJsonlObserver final : public StepObserver {
     }
     if (s.val_loss) line["val_loss"] = *s.val_loss;
     if (s.checkpoint_stall_ms > 0) line["checkpoint_stall_ms"] = s.checkpoint_stall_ms;
-    return Append(line.dump() + "\n");
+    if (s.update_skipped) line["update_skipped"] = true;
+    std::string text = Dump(line);
+    if (s.anomaly) {
+      text += Dump({{"event", "anomaly"},
+                    {"step", s.step},
+                    {"kind", s.anomaly->kind},
+                    {"action", AnomalyActionName(s.anomaly->action)},
+                    {"value", s.anomaly->value},
+                    {"message", s.anomaly->Describe(s.step)}});
+    }
+    return Append(text);
+  }
+  Status OnRollback(Trainer& t, int64_t from, int64_t to) override {
+    if (!file_) return Status::OK();
+    return Append(Dump({{"event", "rollback"},
+                        {"step", from},
+                        {"to_step", to},
+                        {"message", fmt::format("anomaly at step {}: rolled back to the checkpoint of step {}, "
+                                                "skipping {} steps of data",
+                                                from, to, from - to)}}));
   }
   Status OnEnd(Trainer& t, const TrainResult&) override {
     if (!file_) return Status::OK();
@@ -221,8 +254,15 @@ class MetricsJsonlObserver final : public StepObserver {
     return dropped ? env->WriteFileAtomically(path_, kept) : Status::OK();
   }
 
+  // One JSON line (a non-finite number is written as null; invalid UTF-8 replaced).
+  static std::string Dump(const nlohmann::json& j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  }
+
   std::string path_;
   std::unique_ptr<WritableFile> file_;
+  std::optional<double> peak_;  // FLOP/s per rank, for "mfu"
+  double flops_per_token_ = 0;
 };
 
 }  // namespace

@@ -10,7 +10,16 @@ AdamW::AdamW(const ParameterLayout& layout, const AdamWConfig& config)
     : config_(config), m_(layout.total()), v_(layout.total()), ranges_(DecayRanges(layout)) {}
 
 float AdamW::Step(std::span<float> params, std::span<const float> grads, double lr, int64_t t) {
-  const double norm = std::sqrt(cpu::sum_squares(grads.data(), static_cast<long>(grads.size())));
+  const double norm = GradNorm(grads);
+  Apply(params, grads, lr, t, norm);
+  return static_cast<float>(norm);
+}
+
+double AdamW::GradNorm(std::span<const float> grads) {
+  return std::sqrt(cpu::sum_squares(grads.data(), static_cast<long>(grads.size())));
+}
+
+void AdamW::Apply(std::span<float> params, std::span<const float> grads, double lr, int64_t t, double norm) {
   const float scale = math::grad_clip_scale(norm, config_.grad_clip);
   math::AdamWParams h;
   h.lr = static_cast<float>(lr);
@@ -24,7 +33,6 @@ float AdamW::Step(std::span<float> params, std::span<const float> grads, double 
     cpu::adamw_step(params.data() + r.begin, m_.data() + r.begin, v_.data() + r.begin, grads.data() + r.begin,
                     static_cast<long>(r.end - r.begin), scale, h);
   }
-  return static_cast<float>(norm);
 }
 
 }  // namespace tf

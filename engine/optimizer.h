@@ -23,6 +23,9 @@ class AdamW {
   // One update at learning rate `lr`; `t` is the 1-based step count for bias correction.
   // Returns the global gradient norm before clipping.
   float Step(std::span<float> params, std::span<const float> grads, double lr, int64_t t);
+  // Step in two halves: the global norm of `grads`, then the update clipped by that norm.
+  static double GradNorm(std::span<const float> grads);
+  void Apply(std::span<float> params, std::span<const float> grads, double lr, int64_t t, double norm);
 
   std::span<float> m() { return m_.span(); }
   std::span<float> v() { return v_.span(); }

@@ -47,8 +47,13 @@ class CpuBackend final : public TrainBackend {
   StatusOr<float> Forward(const int32_t* inputs, const int32_t* targets, int B, int T) override {
     return model_->Forward(inputs, targets, B, T);
   }
-  StatusOr<float> OptimizerStep(double lr, int64_t t) override {
-    return optimizer_->Step(model_->params(), model_->grads(), lr, t);
+  StatusOr<float> GradNorm() override {
+    norm_ = AdamW::GradNorm(model_->grads());
+    return static_cast<float>(norm_);
+  }
+  Status ApplyUpdate(double lr, int64_t t) override {
+    optimizer_->Apply(model_->params(), model_->grads(), lr, t, norm_);
+    return Status::OK();
   }
   Status GetParams(std::span<float> out) override {
     TF_RETURN_IF_ERROR(CheckSizes(layout(), out.size(), out.size(), "GetParams"));
@@ -97,6 +102,7 @@ class CpuBackend final : public TrainBackend {
  private:
   std::unique_ptr<GPT2> model_;
   std::unique_ptr<AdamW> optimizer_;
+  double norm_ = 0;  // the last GradNorm()
 };
 
 #if defined(TF_WITH_CUDA)
@@ -133,13 +139,18 @@ class CudaBackend final : public TrainBackend {
       cudaEventDestroy(snapshot_done_);
     }
   }
-  StatusOr<float> OptimizerStep(double lr, int64_t t) override {
+  StatusOr<float> GradNorm() override { return model_->GradNorm(); }
+  std::string PciBusId() const override {
+    char id[32] = {};
+    return cudaDeviceGetPCIBusId(id, sizeof(id), device_) == cudaSuccess ? std::string(id) : std::string();
+  }
+  Status ApplyUpdate(double lr, int64_t t) override {
     if (snapshot_pending_) {
       // The update must not overwrite state a checkpoint copy is still reading.
       TF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(model_->compute_stream(), snapshot_done_, 0));
       snapshot_pending_ = false;
     }
-    return model_->Step(adamw_, lr, t);
+    return model_->ApplyUpdate(adamw_, lr, t);
   }
   Status SnapshotState(int64_t begin, int64_t end, float* params, float* m, float* v) override {
     TF_RETURN_IF_ERROR(CheckRange(layout(), begin, end));

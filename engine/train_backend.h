@@ -50,8 +50,20 @@ class TrainBackend {
     return Status::OK();
   }
   virtual StatusOr<double> TakeLossSum() { return std::exchange(loss_sum_, 0.0); }
-  // Global-norm clip + AdamW on the (already averaged) gradients; returns the norm before clipping.
-  virtual StatusOr<float> OptimizerStep(double lr, int64_t t) = 0;
+  // The PCI bus id of the rank's GPU ("0000:65:00.0"; "" for the CPU): which GPU the monitor reports.
+  virtual std::string PciBusId() const { return ""; }
+  // The global norm of the (already averaged) gradients, before clipping; a device synchronises
+  // to read it back.
+  virtual StatusOr<float> GradNorm() = 0;
+  // Global-norm clip (by that norm) + AdamW at `lr`, step t (1-based).
+  // REQUIRES: GradNorm() since the gradients last changed.
+  virtual Status ApplyUpdate(double lr, int64_t t) = 0;
+  // Both; returns the norm.
+  StatusOr<float> OptimizerStep(double lr, int64_t t) {
+    TF_ASSIGN_OR_RETURN(const float norm, GradNorm());
+    TF_RETURN_IF_ERROR(ApplyUpdate(lr, t));
+    return norm;
+  }
 
   // fp32 master parameters in ParameterLayout order (a device backend copies; SetParams also
   // refreshes the bf16 copy).

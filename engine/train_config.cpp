@@ -3,12 +3,15 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <string_view>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "comm/codec.h"
 #include "model/json_util.h"
 #include "model/tokenizer.h"
+#include "monitor/server.h"
 
 namespace tf {
 namespace {
@@ -148,6 +151,15 @@ const std::map<std::string, Field>& Fields() {
       {"compression", Str(&TrainConfig::compression)},
       {"bucket_mb", Real(&TrainConfig::bucket_mb, 1e-6, 1e6)},
       {"first_bucket_mb", Real(&TrainConfig::first_bucket_mb, 1e-6, 1e6)},
+      {"metrics_addr", Str(&TrainConfig::metrics_addr)},
+      {"metrics_token_file", Str(&TrainConfig::metrics_token_file)},
+      {"peak_tflops", Real(&TrainConfig::peak_tflops, 0.0, 1e9)},
+      {"anomaly_nonfinite", Str(&TrainConfig::anomaly_nonfinite)},
+      {"anomaly_spike", Str(&TrainConfig::anomaly_spike)},
+      {"anomaly_zscore", Real(&TrainConfig::anomaly_zscore, 0.5, 1e6)},
+      {"anomaly_window", IntIn(&TrainConfig::anomaly_window, 2, 1 << 20)},
+      {"anomaly_max_skips", IntIn(&TrainConfig::anomaly_max_skips, 1, 1 << 30)},
+      {"anomaly_max_rollbacks", IntIn(&TrainConfig::anomaly_max_rollbacks, 0, 1 << 30)},
       {"error_feedback", Bool(&TrainConfig::error_feedback)},
   };
   return *fields;
@@ -217,6 +229,25 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
     return Status::InvalidArgument(
         "{}: training config key 'checkpoint_writer_priority' must be \"idle\" or \"normal\", got '{}'", source,
         c.checkpoint_writer_priority);
+  }
+  if (c.metrics_addr != "off" && !c.metrics_addr.empty()) {
+    monitor::ServerOptions o;
+    if (Status st = monitor::ParseHostPort(c.metrics_addr, &o); !st.ok()) {
+      return Status::InvalidArgument("{}: training config key 'metrics_addr': {}", source, st.message());
+    }
+  }
+  for (const auto& [key, value, allowed] :
+       {std::tuple<const char*, const std::string&, const char*>{"anomaly_nonfinite", c.anomaly_nonfinite,
+                                                                 "\"warn\", \"skip\", \"stop\" or \"rollback\""},
+        {"anomaly_spike", c.anomaly_spike, "\"off\", \"warn\", \"skip\", \"stop\" or \"rollback\""}}) {
+    const bool ok = value == "warn" || value == "skip" || value == "stop" || value == "rollback" ||
+                    (value == "off" && std::string_view(key) == "anomaly_spike");
+    if (!ok) return Status::InvalidArgument("{}: training config key '{}' must be {}, got '{}'", source, key, allowed, value);
+    if (value == "rollback" && c.checkpoint_dir.empty()) {
+      return Status::InvalidArgument("{}: training config key '{}' is \"rollback\", which needs checkpoints: set "
+                                     "checkpoint_dir (and checkpoint_interval)",
+                                     source, key);
+    }
   }
   if (c.resume.empty()) {
     return Status::InvalidArgument("{}: training config key 'resume' is empty: use \"auto\", \"none\" or a checkpoint's "
@@ -290,7 +321,16 @@ json TrainConfigToJson(const TrainConfig& c) {
           {"compression", c.compression},
           {"bucket_mb", c.bucket_mb},
           {"first_bucket_mb", c.first_bucket_mb},
-          {"error_feedback", c.error_feedback}};
+          {"error_feedback", c.error_feedback},
+          {"metrics_addr", c.metrics_addr},
+          {"metrics_token_file", c.metrics_token_file},
+          {"peak_tflops", c.peak_tflops},
+          {"anomaly_nonfinite", c.anomaly_nonfinite},
+          {"anomaly_spike", c.anomaly_spike},
+          {"anomaly_zscore", c.anomaly_zscore},
+          {"anomaly_window", c.anomaly_window},
+          {"anomaly_max_skips", c.anomaly_max_skips},
+          {"anomaly_max_rollbacks", c.anomaly_max_rollbacks}};
 }
 
 void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, json* model, json* train) {

@@ -103,6 +103,23 @@ struct TrainConfig {
   double bucket_mb = 25.0;
   double first_bucket_mb = 1.0;
   bool error_feedback = true;
+  // Monitoring (monitor/, docs/monitoring.md): the HTTP endpoint every rank serves (/metrics and
+  // the dashboard) at HOST:PORT + local rank ("off" or "": none; port 0: any free port), an
+  // optional bearer-token file, and the peak TFLOP/s per rank for MFU (0: known GPUs' datasheet
+  // figure, the CPU's from its cores, clock and vector width).
+  std::string metrics_addr = "127.0.0.1:9470";
+  std::string metrics_token_file;
+  double peak_tflops = 0;
+  // Anomaly guards (engine/anomaly_guard.h): the action on a non-finite loss or gradient norm and
+  // on a spike (log(1 + value) more than anomaly_zscore standard deviations above the mean of the
+  // last anomaly_window accepted steps'): "warn", "skip" (the update is not applied), "stop", "rollback"
+  // (to the newest checkpoint, skipping the data since), or "off" (spikes only).
+  std::string anomaly_nonfinite = "stop";
+  std::string anomaly_spike = "warn";
+  double anomaly_zscore = 8.0;
+  int anomaly_window = 100;
+  int anomaly_max_skips = 10;      // consecutive skipped updates before the run stops
+  int anomaly_max_rollbacks = 3;   // rollbacks in one process before the run stops
 
   int64_t tokens_per_step() const { return int64_t{batch_size} * seq_len * grad_accum_steps; }
 };

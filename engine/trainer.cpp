@@ -13,6 +13,8 @@
 
 #include "base/stop_signal.h"
 #include "engine/lr_schedule.h"
+#include "engine/monitoring.h"
+#include "engine/run_report.h"
 #include "engine/observers.h"
 #include "engine/sampler.h"
 #include "engine/weights_card.h"
@@ -110,6 +112,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
     TF_ASSIGN_OR_RETURN(t->resumed_from_, ResumeFromCheckpoint(*t, &t->resumed_checkpoint_step_));
   }
   TF_ASSIGN_OR_RETURN(t->checkpointing_, TrainCheckpointing::Create(*t));
+  AnomalyGuard::Options go;
+  TF_ASSIGN_OR_RETURN(go.nonfinite, ParseAnomalyAction(train.anomaly_nonfinite));
+  TF_ASSIGN_OR_RETURN(go.spike, ParseAnomalyAction(train.anomaly_spike));
+  go.zscore = train.anomaly_zscore;
+  go.window = train.anomaly_window;
+  t->guard_.emplace(go);
   const size_t bt = static_cast<size_t>(train.batch_size) * static_cast<size_t>(train.seq_len);
   t->inputs_.resize(bt);
   t->targets_.resize(bt);
@@ -123,6 +131,10 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
   }
   if (options.write_outputs && topo.rank == 0) {
     t->AddObserver(MakeMetricsJsonlObserver(train.out_dir + "/metrics.jsonl"));
+  }
+  if (options.monitor) {
+    TF_ASSIGN_OR_RETURN(std::unique_ptr<StepObserver> monitor, MakeMonitorObserver(*t));
+    if (monitor) t->AddObserver(std::move(monitor));
   }
   return t;
 }
@@ -228,6 +240,11 @@ Status Trainer::Barrier(const std::string& activity) {
   return s;
 }
 
+Status Trainer::BroadcastFromRankZero(void* data, size_t bytes) {
+  if (topology_.world == 1 || !comm_) return Status::OK();
+  return comm_->Broadcast(data, bytes, 0);
+}
+
 Status Trainer::SumOverRanks(double* x, int n) {
   if (topology_.world == 1 || !comm_) return Status::OK();
   return comm_->AllReduceSum(x, n, comm::DataType::kF64);
@@ -253,12 +270,19 @@ StatusOr<float> Trainer::Evaluate(const DataLoader& loader, int n_batches) {
 
 StatusOr<StepStats> Trainer::Step() {
   const int64_t step = step_;
+  const int64_t data_step = step + data_offset_;
   const auto t0 = Clock::now();
+  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   const int accum = config_.grad_accum_steps;
+  StepStats s;
+  s.step = step + 1;
+  s.lr = LearningRate(config_, step);
   TF_RETURN_IF_ERROR(backend_->ZeroGrad());
   sync_->BeginStep(step);
   for (int micro = 0; micro < accum; ++micro) {
-    train_data_->Load(step * accum + micro, inputs_.data(), targets_.data());
+    const auto td = Clock::now();
+    train_data_->Load(data_step * accum + micro, inputs_.data(), targets_.data());
+    s.data_ms += ms_since(td);
     // Gradient accumulation: only the last micro-step's backward produces final gradients.
     reduce_now_ = micro == accum - 1;
     TF_RETURN_IF_ERROR(backend_->ForwardBackwardAccumulate(inputs_.data(), targets_.data(), config_.batch_size,
@@ -267,28 +291,46 @@ StatusOr<StepStats> Trainer::Step() {
   reduce_now_ = false;
   if (data_parallel_) comm::SetActivity(fmt::format("step {}: reducing the gradients", step + 1));
   TF_RETURN_IF_ERROR(sync_->Finish());
-  StepStats s;
-  s.step = step + 1;
-  s.lr = LearningRate(config_, step);
-  TF_ASSIGN_OR_RETURN(s.grad_norm, backend_->OptimizerStep(s.lr, step + 1));
-  // Read once per step, after the optimizer (on a GPU, the step's single synchronisation point).
-  // The same reduction tells every rank whether any rank was asked to stop.
-  TF_ASSIGN_OR_RETURN(const double loss_sum, backend_->TakeLossSum());
-  // One small reduction carries the loss, the stop flag and the checkpoint agreement.
-  constexpr int kN = 2 + TrainCheckpointing::kSlots;
-  double reduced[kN] = {loss_sum / accum, StopRequested() ? 1.0 : 0.0};
-  if (checkpointing_) checkpointing_->Contribute(reduced + 2);
-  if (data_parallel_) comm::SetActivity(fmt::format("step {}: averaging the loss", step + 1));
-  TF_RETURN_IF_ERROR(SumOverRanks(reduced, checkpointing_ ? kN : 2));
-  s.loss = static_cast<float>(reduced[0] / topology_.world);
-  stop_agreed_ = reduced[1] > 0;
-  std::copy(reduced + 2, reduced + kN, ckpt_slots_);
+  // The norm and the loss are read before the update (on a GPU, the step's one synchronisation), so
+  // the anomaly guard can keep a bad update from being applied.
+  TF_ASSIGN_OR_RETURN(s.grad_norm, backend_->GradNorm());
+  TF_ASSIGN_OR_RETURN(double loss_sum, backend_->TakeLossSum());
+  if (options_.inject_nan_loss_at_step == step + 1) loss_sum = std::nan("");
   TF_ASSIGN_OR_RETURN(const comm::ReducerStats r, sync_->LastStats());
-  s.comm_exposed_ms = r.exposed_ms;
+  const double busy_ms = std::max(0.0, ms_since(t0) - r.exposed_ms);
+  // One small reduction carries the loss, the stop flag, the checkpoint agreement and (for the
+  // monitor) every rank's busy time in its own slot.
+  constexpr int kFixed = 2 + TrainCheckpointing::kSlots;
+  const int n = kFixed + (gather_rank_times_ ? topology_.world : 0);
+  reduce_buf_.assign(static_cast<size_t>(n), 0.0);
+  reduce_buf_[0] = loss_sum / accum;
+  reduce_buf_[1] = StopRequested() ? 1.0 : 0.0;
+  if (checkpointing_) checkpointing_->Contribute(reduce_buf_.data() + 2);
+  if (gather_rank_times_) reduce_buf_[kFixed + topology_.rank] = busy_ms;
+  if (data_parallel_) comm::SetActivity(fmt::format("step {}: averaging the loss", step + 1));
+  const auto tr = Clock::now();
+  TF_RETURN_IF_ERROR(SumOverRanks(reduce_buf_.data(), n));
+  const double reduce_ms = ms_since(tr);
+  s.loss = static_cast<float>(reduce_buf_[0] / topology_.world);
+  stop_agreed_ = reduce_buf_[1] > 0;
+  std::copy(reduce_buf_.begin() + 2, reduce_buf_.begin() + kFixed, ckpt_slots_);
+  if (gather_rank_times_) s.rank_busy_ms.assign(reduce_buf_.begin() + kFixed, reduce_buf_.end());
+  s.comm_exposed_ms = r.exposed_ms + reduce_ms;
   s.comm_ms = r.comm_ms;
   s.codec_ms = r.codec_ms;
   s.wire_bytes = r.wire_bytes;
-  s.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  s.compression = r.compression();
+  s.compute_ms = std::max(0.0, busy_ms - s.data_ms);
+  // Every rank has the same loss and norm, so every rank reaches the same verdict.
+  s.anomaly = guard_->Check(s.loss, s.grad_norm);
+  if (!s.anomaly || s.anomaly->action == AnomalyAction::kWarn) {
+    const auto to = Clock::now();
+    TF_RETURN_IF_ERROR(backend_->ApplyUpdate(s.lr, step + 1));
+    s.optimizer_ms = ms_since(to);
+  } else {
+    s.update_skipped = true;
+  }
+  s.ms = ms_since(t0);
   s.tokens_per_s = static_cast<double>(config_.tokens_per_step()) * topology_.world / (s.ms / 1000.0);
   step_ = step + 1;
   return s;
@@ -331,7 +373,7 @@ TrainState Trainer::StateMeta() const {
   s.step = step_;
   s.rank = topology_.rank;
   s.world = topology_.world;
-  s.data_rows = step_ * rows_per_step();
+  s.data_rows = (step_ + data_offset_) * rows_per_step();
   s.data_seed = config_.seed;
   s.data_shuffle = config_.shuffle;
   s.data_fingerprint = train_data_->Fingerprint();
@@ -362,9 +404,11 @@ Status Trainer::SetState(const TrainState& s) {
         rows_per_step(), topology_.world, topology_.world == 1 ? "" : "s", config_.batch_size,
         config_.grad_accum_steps, theirs.value("rows_per_step", int64_t{-1}));
   }
-  if (s.data_rows != s.step * rows_per_step()) {
-    return Status::InvalidArgument("the training state read {} data rows in {} steps, not {} per step", s.data_rows,
-                                   s.step, rows_per_step());
+  // Rows read = (step + steps of data skipped by rollbacks) x rows per step.
+  if (s.data_rows % rows_per_step() != 0 || s.data_rows < s.step * rows_per_step()) {
+    return Status::InvalidArgument("the training state read {} data rows in {} steps: not a whole number of steps of "
+                                   "{} rows, at least one per step",
+                                   s.data_rows, s.step, rows_per_step());
   }
   for (const std::string& k : TrajectoryKeys()) {
     if (!theirs.contains(k) || theirs[k] != mine[k]) {
@@ -391,6 +435,7 @@ Status Trainer::SetState(const TrainState& s) {
   TF_RETURN_IF_ERROR(backend_->SetOptimizerState(s.adam_m, s.adam_v));
   TF_RETURN_IF_ERROR(sync_->SetState(s.ef_residual, s.ef_server));
   step_ = s.step;
+  data_offset_ = s.data_rows / rows_per_step() - s.step;
   return Status::OK();
 }
 
@@ -424,6 +469,86 @@ WeightsCard Trainer::Card() const {
   return card;
 }
 
+std::optional<checkpoint::CheckpointerStats> Trainer::checkpoint_stats() const {
+  if (!checkpointing_) return std::nullopt;
+  return checkpointing_->stats();
+}
+
+Status Trainer::HandleAnomaly(StepStats& s) {
+  const Anomaly& a = *s.anomaly;
+  const std::string what = a.Describe(s.step);
+  if (topology_.rank == 0) spdlog::warn("anomaly: {}", what);
+  auto notify = [&] {  // the observers count and log it; no evaluation or sampling of this state
+    s.interrupted = true;
+    for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnStep(*this, s));
+    return Status::OK();
+  };
+  switch (a.action) {
+    case AnomalyAction::kOff:
+    case AnomalyAction::kWarn:
+      consecutive_skips_ = 0;
+      return Status::OK();
+    case AnomalyAction::kSkip:
+      if (++consecutive_skips_ <= config_.anomaly_max_skips) return Status::OK();
+      TF_RETURN_IF_ERROR(notify());
+      return Status::Internal("anomaly: {}; {} updates in a row were skipped (anomaly_max_skips {}): stopping. Lower "
+                              "lr, check the data, or resume from a checkpoint",
+                              what, consecutive_skips_, config_.anomaly_max_skips);
+    case AnomalyAction::kStop:
+      TF_RETURN_IF_ERROR(notify());
+      if (a.kind == "nonfinite_loss") {
+        return Status::Internal("loss became {} at step {} (lr {:.3g}); lower lr or check the data (the update was not "
+                                "applied; anomaly_nonfinite chooses what happens)",
+                                a.value, s.step, s.lr);
+      }
+      return Status::Internal("anomaly: {}; the update was not applied and the run stops", what);
+    case AnomalyAction::kRollback:
+      TF_RETURN_IF_ERROR(notify());
+      if (rollbacks_ >= config_.anomaly_max_rollbacks) {
+        return Status::Internal("anomaly: {}; the run already rolled back {} time{} (anomaly_max_rollbacks): stopping",
+                                what, rollbacks_, rollbacks_ == 1 ? "" : "s");
+      }
+      return RollBack(s.step);
+  }
+  return Status::OK();
+}
+
+Status Trainer::RollBack(int64_t anomaly_step) {
+  const int64_t offset_at_anomaly = data_offset_;
+  // In-flight checkpoint writes finish (a part not yet committed is abandoned: never loaded), then
+  // every rank loads the newest committed checkpoint.
+  checkpointing_.reset();
+  TF_RETURN_IF_ERROR(Barrier(fmt::format("rolling back after step {}", anomaly_step)));
+  const std::string resume = config_.resume;
+  config_.resume = "auto";
+  int64_t to = -1;
+  StatusOr<std::string> line = ResumeFromCheckpoint(*this, &to);
+  config_.resume = resume;
+  if (!line.ok()) return line.status().WithContext(fmt::format("rolling back after the anomaly at step {}", anomaly_step));
+  if (to < 0) {
+    return Status::Internal("anomaly at step {}: no checkpoint in {} to roll back to (the first is written at step {})",
+                            anomaly_step, config_.checkpoint_dir, config_.checkpoint_interval);
+  }
+  // Step `to` + 1 reads the data after the anomalous step's: the steps between are skipped too.
+  data_offset_ = anomaly_step + offset_at_anomaly - to;
+  TF_ASSIGN_OR_RETURN(checkpointing_, TrainCheckpointing::Create(*this));
+  auto after = [to](const auto& x) { return x.first > to; };
+  std::erase_if(result_.steps, [to](const StepStats& x) { return x.step > to; });
+  std::erase_if(result_.val_losses, after);
+  std::erase_if(result_.samples, after);
+  guard_->Reset();
+  consecutive_skips_ = 0;
+  ++rollbacks_;
+  if (options_.print_progress && topology_.rank == 0) {
+    fmt::print("rollback: anomaly at step {}; back to the checkpoint of step {}, skipping {} steps of data (now {} in "
+               "all)\n",
+               anomaly_step, to, anomaly_step - to, data_offset_);
+    std::fflush(stdout);
+  }
+  for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnRollback(*this, anomaly_step, to));
+  return Status::OK();
+}
+
 StatusOr<TrainResult> Trainer::Run() {
   result_ = TrainResult{};
   const int64_t max_steps = config_.max_steps;
@@ -431,10 +556,11 @@ StatusOr<TrainResult> Trainer::Run() {
   bool stopped = false;
   while (step_ < max_steps) {
     TF_ASSIGN_OR_RETURN(StepStats s, Step());
-    if (!std::isfinite(s.loss)) {
-      return Status::Internal("loss became {} at step {} (lr {:.3g}); lower lr or check the data", s.loss, s.step,
-                              s.lr);
+    if (s.anomaly && s.anomaly->action == AnomalyAction::kRollback) {
+      TF_RETURN_IF_ERROR(HandleAnomaly(s));
+      continue;
     }
+    if (s.anomaly) TF_RETURN_IF_ERROR(HandleAnomaly(s));
     const bool planned = config_.stop_at_step > 0 && s.step >= config_.stop_at_step;
     s.last = s.step == max_steps;
     s.stopping = (stop_agreed_ || planned) && !s.last;
@@ -489,6 +615,12 @@ Status Trainer::WriteOutputs(const TrainResult& result) {
   TF_RETURN_IF_ERROR(
       env_->WriteFileAtomically(dir + "/model_config.json", ModelConfigToJson(model_config_).dump(2) + "\n"));
   TF_RETURN_IF_ERROR(env_->WriteFileAtomically(dir + "/train_config.json", TrainConfigToJson(config_).dump(2) + "\n"));
+  // The curves for whoever did not watch: out_dir/report.html. A failure costs only the report.
+  if (!result.steps.empty() && options_.write_outputs) {
+    if (auto report = WriteRunReport(dir, "", env_); !report.ok()) {
+      spdlog::warn("no report.html: {}", report.status().ToString());
+    }
+  }
   if (options_.print_progress) {
     fmt::print("wrote {} (Hugging Face GPT-2 safetensors, step {}) and configs\n", weights, step_);
     std::fflush(stdout);

@@ -24,6 +24,7 @@
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
 #include "comm/process_group.h"
+#include "engine/anomaly_guard.h"
 #include "engine/checkpointing.h"
 #include "engine/data_loader.h"
 #include "engine/train_backend.h"
@@ -47,11 +48,20 @@ struct StepStats {
   double comm_ms = 0.0;
   double codec_ms = 0.0;
   int64_t wire_bytes = 0;
+  double compression = 0;  // fp32 gradient bytes / bytes sent (0: nothing sent)
   bool last = false;      // step == max_steps
   bool stopping = false;     // the run stops after this step (before max_steps): stop_at_step or a signal
   bool interrupted = false;  // ... because SIGINT/SIGTERM asked: observers skip evaluation and sampling
   std::optional<float> val_loss;  // set by the evaluation observer when it evaluated after this step
   double checkpoint_stall_ms = 0;  // time the loop spent taking a checkpoint's snapshot after this step
+  // Parts of ms: reading data, forward+backward (with the communication it hides), waiting for
+  // communication (comm_exposed_ms, including the loss reduction), the optimizer update. On a GPU the
+  // host waits for the kernels when it reads the gradient norm, so their time lands in compute_ms.
+  double data_ms = 0, compute_ms = 0, optimizer_ms = 0;
+  // Every rank's data + compute time, by rank (when the monitor gathers them; else empty).
+  std::vector<double> rank_busy_ms;
+  std::optional<Anomaly> anomaly;  // what the anomaly guard saw (engine/anomaly_guard.h)
+  bool update_skipped = false;     // the optimizer update was not applied
 };
 
 struct TrainResult {
@@ -72,6 +82,8 @@ class StepObserver {
   virtual Status OnStep(Trainer& trainer, StepStats& stats) = 0;
   // After the last step (or a stop), before the outputs are written.
   virtual Status OnEnd(Trainer& trainer, const TrainResult& result) { return Status::OK(); }
+  // The run went back from step `from` (an anomaly, not applied) to checkpoint step `to`.
+  virtual Status OnRollback(Trainer& trainer, int64_t from, int64_t to) { return Status::OK(); }
 };
 
 class Trainer {
@@ -81,9 +93,12 @@ class Trainer {
     bool write_outputs = true;   // weights, configs, metrics.jsonl in out_dir (rank 0)
     bool distributed = true;     // join the launcher's process group (false: always world size 1)
     bool evaluate = true;        // the eval and sampling observers
+    bool monitor = true;         // the metrics endpoint and dashboard (when metrics_addr is set)
     Env* env = nullptr;          // file system (nullptr: Env::Default())
     // In-memory training tokens instead of the train_data file (`trainflow bench`'s synthetic data).
     std::vector<uint16_t> train_tokens = {};
+    // Tests: this rank's loss of step N (1-based) reads as NaN, as if the forward pass overflowed.
+    int64_t inject_nan_loss_at_step = 0;
   };
   // Validates the run, loads data (and the tokenizer if samples are wanted), checks out_dir, and
   // initialises, imports (init_from) or resumes (resume_state) the weights. Errors name the key or file.
@@ -144,6 +159,16 @@ class Trainer {
   TrainResult& result() { return result_; }
   // Barrier after rank-0-only work (sampling), without the collective deadline.
   Status WaitForRankZero();
+  // The checkpointer's counters (nullopt without checkpoints).
+  std::optional<checkpoint::CheckpointerStats> checkpoint_stats() const;
+  // Steps of data skipped by rollbacks: step s reads the data of step s + data_offset().
+  int64_t data_offset() const { return data_offset_; }
+  // Rank 0's `bytes` at `data` on every rank (a no-op for one rank).
+  Status BroadcastFromRankZero(void* data, size_t bytes);
+  // The anomaly guard's (kind, action) pairs, for the metrics' labels.
+  std::vector<std::pair<std::string, std::string>> anomaly_label_pairs() const { return guard_->LabelPairs(); }
+  // Ask every step's reduction to carry each rank's busy time (StepStats::rank_busy_ms).
+  void GatherRankTimes(bool on) { gather_rank_times_ = on && topology_.world > 1; }
 
  private:
   Trainer() = default;
@@ -153,6 +178,10 @@ class Trainer {
   // Mean over ranks of x[0..n) (x itself for one rank).
   Status SumOverRanks(double* x, int n);
   Status WriteOutputs(const TrainResult& result);
+  // The guard's verdict on step `s`: OK to go on (warn, skip), an error to stop, or a rollback.
+  Status HandleAnomaly(StepStats& s);
+  // Back to the newest committed checkpoint, skipping the data up to step `anomaly_step`.
+  Status RollBack(int64_t anomaly_step);
   std::string StatePath() const;
 
   GPT2Config model_config_;
@@ -180,7 +209,13 @@ class Trainer {
   std::vector<std::unique_ptr<StepObserver>> observers_;
   TrainResult result_;
   int64_t step_ = 0;
-  bool stop_agreed_ = false;  // the last step's reduction said some rank was asked to stop
+  int64_t data_offset_ = 0;
+  bool stop_agreed_ = false;
+  bool gather_rank_times_ = false;
+  std::vector<double> reduce_buf_;  // the step's reduction
+  std::optional<AnomalyGuard> guard_;
+  int consecutive_skips_ = 0;
+  int rollbacks_ = 0;  // the last step's reduction said some rank was asked to stop
 };
 
 }  // namespace tf

@@ -666,14 +666,36 @@ StatusOr<double> GPT2Cuda::TakeLossSum() {
 }
 
 StatusOr<float> GPT2Cuda::Step(const AdamWConfig& c, double lr, int64_t t) {
-  const int64_t P = layout_.total();
   // Norm, clip factor and update are all enqueued on the compute stream: the clip factor is computed
   // on the device from the sum of squares (math::grad_clip_scale, the CPU optimizer's formula), so
   // there is no host round trip between them; the norm is read back once the update is queued.
-  double* sum_sq = norm_.as<double>();
+  TF_RETURN_IF_ERROR(EnqueueSumSquares());
+  TF_RETURN_IF_ERROR(ApplyUpdate(c, lr, t));
+  return ReadNorm();
+}
+
+StatusOr<float> GPT2Cuda::GradNorm() {
+  TF_RETURN_IF_ERROR(EnqueueSumSquares());
+  return ReadNorm();
+}
+
+Status GPT2Cuda::EnqueueSumSquares() {
   Mark("grad norm");
-  TF_RETURN_IF_ERROR(cuda::sum_squares(grads_.data(), P, dtype_, sum_sq, scratch_.data(), plan_.scratch_bytes,
-                                       stream_));
+  TF_RETURN_IF_ERROR(cuda::sum_squares(grads_.data(), layout_.total(), dtype_, norm_.as<double>(), scratch_.data(),
+                                       plan_.scratch_bytes, stream_));
+  EndMark();
+  return Status::OK();
+}
+
+StatusOr<float> GPT2Cuda::ReadNorm() {
+  double sq = 0;
+  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&sq, norm_.as<double>(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return static_cast<float>(std::sqrt(sq));
+}
+
+Status GPT2Cuda::ApplyUpdate(const AdamWConfig& c, double lr, int64_t t) {
+  const int64_t P = layout_.total();
   math::AdamWParams h;
   h.lr = static_cast<float>(lr);
   h.beta1 = static_cast<float>(c.beta1);
@@ -688,12 +710,10 @@ StatusOr<float> GPT2Cuda::Step(const AdamWConfig& c, double lr, int64_t t) {
   const auto* decay = static_cast<const uint8_t*>(ranges_.data()) + num_ranges_ * sizeof(int64_t);
   Mark("adamw");
   TF_RETURN_IF_ERROR(cuda::adamw_step_ranges(master, m_.as<float>(), v_.as<float>(), grads_.data(), out, P, ends,
-                                             decay, num_ranges_, sum_sq, c.grad_clip, h, dtype_, dtype_, stream_));
+                                             decay, num_ranges_, norm_.as<double>(), c.grad_clip, h, dtype_, dtype_,
+                                             stream_));
   EndMark();
-  double sq = 0;
-  TF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&sq, sum_sq, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  TF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  return static_cast<float>(std::sqrt(sq));
+  return Status::OK();
 }
 
 }  // namespace tf

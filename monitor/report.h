@@ -1,0 +1,35 @@
+// Offline report of a training run: one self-contained HTML page (inline CSS and SVG charts, no
+// script, nothing fetched) of the curves in a run's metrics.jsonl, its events and a summary.
+//
+// Input: one JSON object per line. A line with an "event" key is an event (listed, and marked on the
+// loss chart); any other object with a non-negative integer "step" is a step record. A later record
+// of a step replaces an earlier one, and an event {"event":"rollback","to_step":S} discards every
+// step record with step > S that came before it (the abandoned branch); events are always kept.
+// Blank lines and a torn last line (no newline, not JSON) are ignored; other lines that are not such
+// objects (or are nested over 16 deep) are skipped and counted in the report. null (how a non-finite
+// value is written) is left out of the charts and counted in their legends. Long runs are downsampled
+// to the min and max per pixel column, so a 1M-step run stays well under 2 MB. All text from the
+// input and the options is HTML-escaped.
+// Errors: kInvalidArgument when no step record remains.
+//
+// Thread safety: a pure function; safe to call concurrently.
+#pragma once
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace tf::monitor {
+
+struct ReportOptions {
+  std::string title = "TrainFlow run";
+  std::string subtitle;               // e.g. model and run id
+  nlohmann::json run_info = nullptr;  // optional: scalars in one table, each object member in its own
+  bool loss_log_scale = false;        // a logarithmic y axis on the loss chart
+};
+
+StatusOr<std::string> RenderReportHtml(std::string_view metrics_jsonl, const ReportOptions& options);
+
+}  // namespace tf::monitor

@@ -1,0 +1,63 @@
+// MetricsServer: the HTTP endpoint of one rank (cpp-httplib) — /metrics (Prometheus text), the
+// dashboard (/, /chart.js) and its JSON API (/api/run, /api/steps, /api/events, /api/ranks), all
+// read from a Monitor (monitor/metrics.h). Paths and formats: docs/monitoring.md.
+//
+// Safety: binds 127.0.0.1 unless told otherwise; GET and HEAD only (others 405); no other paths
+// (404); with a token, every request must carry "Authorization: Bearer <token>" or ?token=<token>
+// (else 401). One request per connection. The
+// server runs on its own threads — an accept thread and a fixed pool of workers fed by a bounded
+// queue (a full queue makes the accept thread wait, so the kernel's backlog absorbs a flood) — with
+// read/write timeouts and a keep-alive limit, so no client can stall or grow the training process.
+//
+// Lifetime: Start() binds and starts serving; the destructor stops and joins every thread. The
+// Monitor must outlive the server. Thread safety: port()/url() from any thread.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "monitor/metrics.h"
+
+namespace tf::monitor {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 9470;          // 0: any free port
+  int port_stride = 1;      // a port in use: try port + k * port_stride
+  int port_tries = 16;      // ... for k < port_tries
+  std::string token = "";   // "": no authentication
+  int threads = 4;          // worker threads
+  int queue = 16;           // connections waiting for a worker
+  int timeout_s = 5;        // read and write timeouts
+};
+
+// "HOST:PORT", "[IPv6]:PORT" or ":PORT" (host 127.0.0.1) into options.host / port. The port is
+// 0..65535. Errors name the text.
+Status ParseHostPort(const std::string& text, ServerOptions* options);
+// The token in `path`: its first line without surrounding whitespace. Empty or unreadable is an
+// error naming the file.
+StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+class MetricsServer {
+ public:
+  static StatusOr<std::unique_ptr<MetricsServer>> Start(const Monitor* monitor, const ServerOptions& options);
+  ~MetricsServer();
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  int port() const { return port_; }
+  // "http://HOST:PORT" (IPv6 hosts in brackets).
+  std::string url() const;
+  // Ports tried before the one bound (in use or unavailable): for the log.
+  const std::string& moved_from() const { return moved_from_; }
+
+ private:
+  MetricsServer() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string host_;
+  int port_ = 0;
+  std::string moved_from_;
+};
+
+}  // namespace tf::monitor
