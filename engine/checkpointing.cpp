@@ -206,6 +206,25 @@ Status TrainCheckpointing::Take(int64_t step, double* stall_ms, bool always) {
   return Status::OK();
 }
 
+Status TrainCheckpointing::CommitPending() {
+  Status mine = ckpt_->Flush();
+  if (!mine.ok()) spdlog::error("checkpoint write failed: {}", mine.ToString());
+  if (trainer_.topology().world > 1) {
+    TF_RETURN_IF_ERROR(trainer_.Barrier("writing the pending checkpoints"));
+    if (trainer_.topology().rank == 0) {
+      for (int64_t s : uncommitted_) {
+        if (Status c = ckpt_->CommitNow(s); !c.ok()) {
+          spdlog::error("checkpoint of step {} not committed: {}", s, c.ToString());
+        }
+      }
+    }
+    uncommitted_.clear();
+    // Every rank sees the commits before it lists the checkpoints.
+    TF_RETURN_IF_ERROR(trainer_.Barrier("committing the pending checkpoints"));
+  }
+  return Status::OK();
+}
+
 StatusOr<bool> TrainCheckpointing::Finish(int64_t step) {
   const comm::Topology& topo = trainer_.topology();
   // Resumed at the last step and nothing trained: the checkpoint it resumed from is the final one.

@@ -50,6 +50,9 @@ class TrainCheckpointing {
   // End of the run (or a stop) at step `step`: a final checkpoint unless the newest is of this step,
   // written and committed before returning. Returns whether it was committed.
   StatusOr<bool> Finish(int64_t step);
+  // Waits for this rank's checkpoint parts in flight and commits every checkpoint begun whose parts
+  // all ranks wrote (a failed one stays uncommitted, logged). Collective: every rank calls it.
+  Status CommitPending();
 
   const checkpoint::CheckpointerStats stats() const { return ckpt_->stats(); }
 

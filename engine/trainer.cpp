@@ -295,7 +295,7 @@ StatusOr<StepStats> Trainer::Step() {
   // the anomaly guard can keep a bad update from being applied.
   TF_ASSIGN_OR_RETURN(s.grad_norm, backend_->GradNorm());
   TF_ASSIGN_OR_RETURN(double loss_sum, backend_->TakeLossSum());
-  if (options_.inject_nan_loss_at_step == step + 1) loss_sum = std::nan("");
+  if (options_.inject_nan_loss_at_step == data_step + 1) loss_sum = std::nan("");
   TF_ASSIGN_OR_RETURN(const comm::ReducerStats r, sync_->LastStats());
   const double busy_ms = std::max(0.0, ms_since(t0) - r.exposed_ms);
   // One small reduction carries the loss, the stop flag, the checkpoint agreement and (for the
@@ -515,10 +515,10 @@ Status Trainer::HandleAnomaly(StepStats& s) {
 
 Status Trainer::RollBack(int64_t anomaly_step) {
   const int64_t offset_at_anomaly = data_offset_;
-  // In-flight checkpoint writes finish (a part not yet committed is abandoned: never loaded), then
-  // every rank loads the newest committed checkpoint.
+  // Checkpoints in flight are written and committed (a failed one is never loaded), then every rank
+  // loads the newest committed checkpoint.
+  TF_RETURN_IF_ERROR(checkpointing_->CommitPending());
   checkpointing_.reset();
-  TF_RETURN_IF_ERROR(Barrier(fmt::format("rolling back after step {}", anomaly_step)));
   const std::string resume = config_.resume;
   config_.resume = "auto";
   int64_t to = -1;

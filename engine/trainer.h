@@ -97,7 +97,8 @@ class Trainer {
     Env* env = nullptr;          // file system (nullptr: Env::Default())
     // In-memory training tokens instead of the train_data file (`trainflow bench`'s synthetic data).
     std::vector<uint16_t> train_tokens = {};
-    // Tests: this rank's loss of step N (1-based) reads as NaN, as if the forward pass overflowed.
+    // Tests: this rank's loss reads as NaN at the step that reads the data of step N (1-based; the
+    // step itself until a rollback skips data), as if that batch made the forward pass overflow.
     int64_t inject_nan_loss_at_step = 0;
   };
   // Validates the run, loads data (and the tokenizer if samples are wanted), checks out_dir, and
