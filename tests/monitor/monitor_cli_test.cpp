@@ -1,0 +1,93 @@
+// The monitoring options and outputs of the real binary: where the endpoint says it is, the errors
+// for a bad address or token file, a taken port moved past, report.html at the end of a run and
+// `trainflow report` on a run directory.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <fstream>
+#include <regex>
+
+#include "tests/engine/cli_fixture.h"
+
+namespace tf {
+namespace {
+
+using cli_testing::CliFixture;
+using cli_testing::ReadAll;
+using cli_testing::RunResult;
+namespace fs = std::filesystem;
+
+class MonitorCli : public CliFixture {
+ protected:
+  void SetUp() override {
+    CliFixture::SetUp();
+    train_bin_ = TokenFile("train.bin", 400);
+  }
+  std::string train_bin_;
+};
+
+TEST_F(MonitorCli, TheRunSaysWhereItServesAndWritesTheReport) {
+  const RunResult r = Train({"--train_data", train_bin_, "--max_steps", "5", "--metrics_addr", "127.0.0.1:0"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(monitor: rank 0 at http://127\.0\.0\.1:(\d+)/)"))) << r;
+  EXPECT_GT(std::stoi(m[1]), 0);
+  const std::string report = ReadAll(Path("out/report.html"));
+  ASSERT_FALSE(report.empty()) << "no out/report.html";
+  EXPECT_NE(report.find("<svg"), std::string::npos);
+  EXPECT_EQ(report.find("<script"), std::string::npos);
+  // The same report on demand, elsewhere.
+  const RunResult again = Run({"report", Path("out"), "--out", Path("elsewhere.html")});
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_NE(again.out.find(Path("elsewhere.html")), std::string::npos) << again;
+  EXPECT_NE(ReadAll(Path("elsewhere.html")).find("<svg"), std::string::npos);
+}
+
+TEST_F(MonitorCli, OffServesNothing) {
+  const RunResult r = Train({"--train_data", train_bin_, "--metrics_addr", "off"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out.find("monitor:"), std::string::npos) << r;
+}
+
+TEST_F(MonitorCli, BadAddressesAndTokenFilesAreNamed) {
+  for (const char* bad : {"localhost", "127.0.0.1:99999", "127.0.0.1:port"}) {
+    const RunResult r = Train({"--train_data", train_bin_, "--metrics_addr", bad});
+    ExpectCleanFailure(r, {"metrics_addr", bad});
+  }
+  // Not an address of this machine (TEST-NET-1): refused at bind, not sent anywhere.
+  ExpectCleanFailure(Train({"--train_data", train_bin_, "--metrics_addr", "192.0.2.1:9470"}), {"192.0.2.1"});
+  ExpectCleanFailure(Train({"--train_data", train_bin_, "--metrics_token_file", Path("missing")}),
+                     {"metrics_token_file", Path("missing")});
+  std::ofstream(Path("empty_token")) << "\n";
+  ExpectCleanFailure(Train({"--train_data", train_bin_, "--metrics_token_file", Path("empty_token")}),
+                     {"metrics_token_file", "no token"});
+}
+
+TEST_F(MonitorCli, ATakenPortIsMovedPastAndLogged) {
+  // Occupy a port, then ask for it.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  const RunResult r = Train({"--train_data", train_bin_, "--metrics_addr", "127.0.0.1:" + std::to_string(port)});
+  ::close(fd);
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("port " + std::to_string(port) + " in use"), std::string::npos) << r;
+  EXPECT_EQ(r.out.find("at http://127.0.0.1:" + std::to_string(port) + "/"), std::string::npos) << r;
+}
+
+TEST_F(MonitorCli, ReportOfADirectoryWithoutMetricsIsAClearError) {
+  fs::create_directories(Path("empty"));
+  ExpectCleanFailure(Run({"report", Path("empty")}), {"metrics.jsonl", Path("empty")});
+  std::ofstream(Path("empty/metrics.jsonl")) << "not json\n";
+  ExpectCleanFailure(Run({"report", Path("empty")}), {"no step records"});
+}
+
+}  // namespace
+}  // namespace tf
