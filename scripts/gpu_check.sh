@@ -8,7 +8,8 @@
 #      bf16 with the defaults (and a per-piece GPU time profile), bf16 with each epilogue fusion
 #      switched, bf16 with cuDNN's fused attention (deterministic and atomic backward), fp32,
 #   3. `trainflow train --device cuda` on the default corpus, without and with int8 gradient
-#      compression (the device reducer with the CUDA codecs and NCCL at world size 1),
+#      compression (the device reducer with the CUDA codecs and NCCL at world size 1), with the
+#      monitor's NVML metrics scraped mid-run (real GPU: found by its PCI bus id),
 #   4. GPT-2 1558M at T=1024, B=24 with recompute 2: does it fit, and the device memory in use,
 #   5. the CUDA kernel benchmarks (every bench/*_cuda_bench.cpp: GB/s, TFLOP/s against peaks),
 #   6. Hugging Face interop (CPU; here because this machine has transformers): exported weights load
@@ -168,17 +169,40 @@ fi
 echo; echo "== 3. GPU training on the default corpus (byte-small, 300 steps, bf16; CPU reference: val 2.5865)"
 if [[ -f "$B/data/train.bin" ]]; then
   : >"$OUTDIR/train.txt"
+  # The monitor on the real GPU: NVML found by the rank's PCI bus id, its gauges scraped mid-run
+  # (a poller reads the endpoint the log names; gpu_metrics.txt).
+  python3 - "$OUTDIR/train.txt" "$OUTDIR/gpu_metrics.txt" <<'PY' &
+import re, sys, time, urllib.request
+for _ in range(90):
+    time.sleep(1)
+    try:
+        m = re.search(r"monitor: rank 0 at (http://[0-9.]+:\d+)/", open(sys.argv[1]).read())
+        if m:
+            text = urllib.request.urlopen(m.group(1) + "/metrics", timeout=5).read().decode()
+            gpu = [l for l in text.splitlines() if l.startswith("trainflow_gpu_")]
+            if gpu:
+                open(sys.argv[2], "w").write("\n".join(gpu) + "\n")
+                break
+    except OSError:
+        pass
+PY
+  POLLER=$!
   for c in none int8; do
     t=$(bounded 35 110)  # keeps 110 s for the 1558M step and the kernel benchmarks
     if ((t < 10)); then SUMMARY+=("GPU train compression $c: skipped (time budget)"); continue; fi
     line=$(timeout "$t" bash -c "$(declare -f run); B='$B' CUDA_LIBS='$CUDA_LIBS' MODE='$MODE' run trainflow train \
       --device cuda --dtype bf16 --model configs/model/byte-small.json --train configs/train/fortunes.json \
       --train_data $B/data/train.bin --val_data $B/data/val.bin --max_steps 300 --eval_interval 0 \
-      --sample_tokens 0 --log_interval 100 --out_dir $OUTDIR/train_$c --compression $c" 2>&1 \
+      --sample_tokens 0 --log_interval 100 --out_dir $OUTDIR/train_$c --compression $c \
+      --metrics_addr 127.0.0.1:0" 2>&1 \
       | tee -a "$OUTDIR/train.txt" | grep -E "eval  step|error" | tail -1)
     ms=$(grep -E "^step +300/300" "$OUTDIR/train.txt" | tail -1 | sed -n 's/.*| *\([0-9.]*\) ms.*/\1/p')
     SUMMARY+=("GPU train compression $c: ${line:-failed (see train.txt)} (last step ${ms:-?} ms)")
   done
+  kill "$POLLER" 2>/dev/null; wait "$POLLER" 2>/dev/null
+  nvml=$(grep -m1 -oE "monitor: (NVML|no NVML).*" "$OUTDIR/train.txt")
+  gpu_lines=$(wc -l <"$OUTDIR/gpu_metrics.txt" 2>/dev/null || echo 0)
+  SUMMARY+=("GPU monitor: ${nvml:-no NVML line in train.txt}; ${gpu_lines} trainflow_gpu_ series scraped mid-run")
 else
   SUMMARY+=("GPU train: no data in the bundle")
 fi
@@ -201,7 +225,7 @@ if [[ -f "$B/data/train.bin" ]]; then
     line=$(python3 - "$OUTDIR/ckpt_run_$mode/metrics.jsonl" <<'PY'
 import json, statistics, sys
 try:
-    recs = [json.loads(l) for l in open(sys.argv[1])]
+    recs = [r for r in map(json.loads, open(sys.argv[1])) if "event" not in r]
 except OSError:
     print("no metrics"); sys.exit()
 stall = [r["checkpoint_stall_ms"] for r in recs if "checkpoint_stall_ms" in r]
