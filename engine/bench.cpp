@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include "engine/monitoring.h"
 #include "engine/trainer.h"
 #include "kernels/matmul.h"
 #include "kernels/random.h"
@@ -37,7 +38,10 @@ Status CudaReport(Trainer& trainer, const GPT2Config& config, const TrainConfig&
   GPT2Cuda* model = trainer.backend().cuda_model();
   const cuda::DType dt = model->dtype();
   const GPT2CudaOptions& mo = model->options();
-  const double peak = o.peak_tflops > 0 ? o.peak_tflops : (dt == cuda::DType::kBF16 ? 989.0 : 67.0);
+  // The device's datasheet peak (engine/monitoring.h), else H100/H200's.
+  const double peak = o.peak_tflops > 0 ? o.peak_tflops
+                                        : PeakTflops(train, trainer.backend().Describe())
+                                              .value_or(dt == cuda::DType::kBF16 ? 989.0 : 67.0);
   if (o.profile_steps > 0) {
     // Extra steps with every piece of GPU work timed (after the timed steps: events between kernels
     // must not touch the figures above).

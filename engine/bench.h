@@ -16,7 +16,7 @@ namespace tf {
 struct BenchOptions {
   int steps = 20, warmup = 3;
   bool gemm_peak = false;  // also measure the machine's SGEMM rate in the same run (CPU)
-  double peak_tflops = 0;  // CUDA: the device's peak for MFU (0 = H100/H200 dense: bf16 989, fp32 67)
+  double peak_tflops = 0;  // CUDA: the device's peak for MFU (0 = its datasheet figure, engine/monitoring.h; else H100's)
   // CUDA: after the timed steps, this many more steps with every piece of GPU work timed by name
   // (cuda::RangeProfiler), printed as a table (0 = none).
   int profile_steps = 0;

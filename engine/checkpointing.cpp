@@ -365,7 +365,7 @@ StatusOr<TrainState> Load(Trainer& t, ObjectStore& store, const Manifest& m, std
 
 }  // namespace
 
-StatusOr<std::string> ResumeFromCheckpoint(Trainer& t, int64_t* step) {
+StatusOr<std::string> ResumeFromCheckpoint(Trainer& t, int64_t* step, int64_t before_step, int64_t* loaded) {
   const TrainConfig& c = t.config();
   if (c.resume == "none") return std::string();
   const bool automatic = c.resume == "auto";
@@ -379,6 +379,7 @@ StatusOr<std::string> ResumeFromCheckpoint(Trainer& t, int64_t* step) {
   }
   TF_ASSIGN_OR_RETURN(auto store, checkpoint::OpenStore(loc.root, t.env()));
   TF_ASSIGN_OR_RETURN(std::vector<checkpoint::Listed> all, checkpoint::ListCheckpoints(*store));
+  if (before_step >= 0) std::erase_if(all, [&](const checkpoint::Listed& l) { return l.step >= before_step; });
   if (loc.step >= 0) {
     std::erase_if(all, [&](const checkpoint::Listed& l) { return l.step != loc.step; });
     if (all.empty()) {
@@ -406,6 +407,7 @@ StatusOr<std::string> ResumeFromCheckpoint(Trainer& t, int64_t* step) {
         for (const auto& o : m.objects) bytes += o.bytes;
         // (Only a checkpoint of checkpoint_dir itself stands for this run's own.)
         if (store->location() == c.checkpoint_dir) *step = m.step;
+        if (loaded != nullptr) *loaded = m.step;
         return fmt::format("resumed from {}/{} (step {}, written {} by {} rank{}, {} checkpoint; {} objects, {} "
                            "verified by xxh64; restored in {:.2f} s){}{}",
                            store->location(), checkpoint::CheckpointPrefix(m.step), m.step, m.created, m.world,

@@ -72,6 +72,9 @@ class TrainCheckpointing {
 // Loads the checkpoint the run's `resume` key selects into the trainer. Returns a line saying what
 // it resumed from ("" when it started fresh). Errors name the checkpoint and the problem.
 // `step`: set to the step resumed when the checkpoint is in the run's own checkpoint_dir.
-StatusOr<std::string> ResumeFromCheckpoint(Trainer& trainer, int64_t* step);
+// `before_step` >= 0: only checkpoints of earlier steps (a rollback). `loaded`: the step loaded,
+// wherever it came from (-1 untouched when none).
+StatusOr<std::string> ResumeFromCheckpoint(Trainer& trainer, int64_t* step, int64_t before_step = -1,
+                                           int64_t* loaded = nullptr);
 
 }  // namespace tf

@@ -89,6 +89,7 @@ class MonitorObserver final : public StepObserver {
     r.lr = s.lr;
     r.grad_norm = s.grad_norm;
     r.tokens_per_s = s.tokens_per_s;
+    r.tokens = t.config().tokens_per_step() * t.topology().world;
     r.step_s = s.ms / 1e3;
     r.data_s = s.data_ms / 1e3;
     r.compute_s = s.compute_ms / 1e3;
@@ -182,24 +183,39 @@ std::optional<double> PeakTflops(const TrainConfig& train, const std::string& de
     if (ghz <= 0) return std::nullopt;
     return omp_get_max_threads() * ghz * CpuFlopsPerCycle() / 1e3;
   }
-  // Dense bf16 tensor-core datasheet figures (SXM unless PCIe is named).
+  // Datasheet figures, dense: bf16 tensor cores, and fp32 without TF32 (the fp32 GEMMs do not use
+  // TF32). SXM unless PCIe is named; the first match wins.
   struct Gpu {
     const char* name;
-    double bf16;
+    double bf16, fp32;
   };
-  static constexpr Gpu kGpus[] = {{"H200", 989}, {"H100 PCIe", 756}, {"H100", 989}, {"GH200", 989},
-                                  {"A100", 312}, {"L40S", 362},      {"L4", 121},   {"A10", 125},
-                                  {"B200", 2250}, {"RTX 4090", 165}};
+  static constexpr Gpu kGpus[] = {{"GH200", 989, 67},   {"H200", 989, 67},    {"H100 PCIe", 756, 51},
+                                  {"H100 NVL", 835, 60}, {"H100", 989, 67},    {"B200", 2250, 80},
+                                  {"A100", 312, 19.5},   {"L40S", 362, 91.6},  {"L40", 181, 90.5},
+                                  {"L4", 121, 30.3},     {"A10", 125, 31.2},
+                                  {"RTX 4090", 165, 82.6}};
   for (const Gpu& g : kGpus) {
-    if (device.find(g.name) != std::string::npos) return train.dtype == "bf16" ? g.bf16 : g.bf16 / 2;
+    if (device.find(g.name) != std::string::npos) return train.dtype == "bf16" ? g.bf16 : g.fp32;
   }
   return std::nullopt;
 }
 
-StatusOr<std::unique_ptr<StepObserver>> MakeMonitorObserver(Trainer& t) {
-  const TrainConfig& c = t.config();
-  if (c.metrics_addr.empty() || c.metrics_addr == "off") return std::unique_ptr<StepObserver>();
-  const comm::Topology& topo = t.topology();
+namespace {
+
+// Every rank learns whether `local` failed anywhere: a failing rank returns its own error, the
+// others one naming how many failed (so no rank trains on while another has exited).
+Status AgreeOnAllRanks(Trainer& t, Status local, const char* what) {
+  if (t.topology().world > 1) {
+    TF_ASSIGN_OR_RETURN(const int failed, t.CountOverRanks(!local.ok()));
+    if (local.ok() && failed > 0) {
+      return Status::InvalidArgument("{} failed on {} rank{} (their logs say why)", what, failed, failed == 1 ? "" : "s");
+    }
+  }
+  return local;
+}
+
+// The endpoint's options for this rank: metrics_addr's port + local rank, the token.
+StatusOr<monitor::ServerOptions> ServerOptionsFor(const TrainConfig& c, const comm::Topology& topo) {
   monitor::ServerOptions so;
   TF_RETURN_IF_ERROR(monitor::ParseHostPort(c.metrics_addr, &so).WithContext("metrics_addr"));
   if (so.port != 0) {
@@ -217,6 +233,19 @@ StatusOr<std::unique_ptr<StepObserver>> MakeMonitorObserver(Trainer& t) {
                    c.metrics_token_file, st.st_mode & 0777);
     }
   }
+  return so;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<StepObserver>> MakeMonitorObserver(Trainer& t) {
+  const TrainConfig& c = t.config();
+  if (c.metrics_addr.empty() || c.metrics_addr == "off") return std::unique_ptr<StepObserver>();
+  const comm::Topology& topo = t.topology();
+  t.GatherRankTimes(true);  // every rank alike: it changes the step's reduction
+  StatusOr<monitor::ServerOptions> options = ServerOptionsFor(c, topo);
+  TF_RETURN_IF_ERROR(AgreeOnAllRanks(t, options.status(), "the metrics endpoint's options"));
+  const monitor::ServerOptions so = *options;
 
   monitor::RunInfo info;
   // Rank 0's run id for every rank.
@@ -255,7 +284,9 @@ StatusOr<std::unique_ptr<StepObserver>> MakeMonitorObserver(Trainer& t) {
   auto system = std::make_shared<monitor::SystemCollector>(gpu);
   mon->AddCollectable(system);
 
-  TF_ASSIGN_OR_RETURN(auto server, monitor::MetricsServer::Start(mon.get(), so));
+  StatusOr<std::unique_ptr<monitor::MetricsServer>> started = monitor::MetricsServer::Start(mon.get(), so);
+  TF_RETURN_IF_ERROR(AgreeOnAllRanks(t, started.status(), "starting the metrics endpoint"));
+  std::unique_ptr<monitor::MetricsServer> server = std::move(started).value();
   const std::string moved = server->moved_from().empty()
                                 ? std::string()
                                 : fmt::format(" (port {} in use: moved on)", so.port);
@@ -268,8 +299,6 @@ StatusOr<std::unique_ptr<StepObserver>> MakeMonitorObserver(Trainer& t) {
     spdlog::info("{}", line);
   }
   if (gpu.requested() && topo.rank == 0) spdlog::info("monitor: {}", system->gpu_status());
-
-  t.GatherRankTimes(true);
   return std::unique_ptr<StepObserver>(std::make_unique<MonitorObserver>(
       std::move(mon), std::move(system), std::move(server), peak ? std::optional<double>(*peak * 1e12) : std::nullopt,
       FlopsPerToken(m, c.seq_len)));

@@ -22,9 +22,9 @@ StatusOr<std::unique_ptr<StepObserver>> MakeMonitorObserver(Trainer& trainer);
 // Training FLOPs per token: 6 x parameters + 12 x layers x seq_len x n_embd (attention scores and
 // values, forward and backward).
 double FlopsPerToken(const GPT2Config& model, int seq_len);
-// The peak TFLOP/s of one rank for MFU: peak_tflops when set; else a known GPU's dense bf16
-// datasheet figure (half that for fp32/TF32), or the CPU's cores x max clock x FMA width; nullopt
-// when unknown.
+// The peak TFLOP/s of one rank for MFU: peak_tflops when set; else a known GPU's dense datasheet
+// figure for the dtype (bf16 tensor cores; fp32 without TF32), or the CPU's cores x max clock x FMA
+// width; nullopt when unknown.
 std::optional<double> PeakTflops(const TrainConfig& train, const std::string& device_description);
 
 }  // namespace tf

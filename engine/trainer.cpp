@@ -240,6 +240,12 @@ Status Trainer::Barrier(const std::string& activity) {
   return s;
 }
 
+StatusOr<int> Trainer::CountOverRanks(bool flag) {
+  double x = flag ? 1.0 : 0.0;
+  TF_RETURN_IF_ERROR(SumOverRanks(&x, 1));
+  return static_cast<int>(x + 0.5);
+}
+
 Status Trainer::BroadcastFromRankZero(void* data, size_t bytes) {
   if (topology_.world == 1 || !comm_) return Status::OK();
   return comm_->Broadcast(data, bytes, 0);
@@ -298,14 +304,17 @@ StatusOr<StepStats> Trainer::Step() {
   if (options_.inject_nan_loss_at_step == data_step + 1) loss_sum = std::nan("");
   TF_ASSIGN_OR_RETURN(const comm::ReducerStats r, sync_->LastStats());
   const double busy_ms = std::max(0.0, ms_since(t0) - r.exposed_ms);
-  // One small reduction carries the loss, the stop flag, the checkpoint agreement and (for the
-  // monitor) every rank's busy time in its own slot.
-  constexpr int kFixed = 2 + TrainCheckpointing::kSlots;
+  // One small reduction carries the loss, the stop flag, rank 0's gradient norm (so every rank
+  // judges the same value, even where a norm's reduction grid differs between GPU models), the
+  // checkpoint agreement and (for the monitor) every rank's busy time in its own slot.
+  constexpr int kCkpt = 3;
+  constexpr int kFixed = kCkpt + TrainCheckpointing::kSlots;
   const int n = kFixed + (gather_rank_times_ ? topology_.world : 0);
   reduce_buf_.assign(static_cast<size_t>(n), 0.0);
   reduce_buf_[0] = loss_sum / accum;
   reduce_buf_[1] = StopRequested() ? 1.0 : 0.0;
-  if (checkpointing_) checkpointing_->Contribute(reduce_buf_.data() + 2);
+  reduce_buf_[2] = topology_.rank == 0 ? static_cast<double>(s.grad_norm) : 0.0;
+  if (checkpointing_) checkpointing_->Contribute(reduce_buf_.data() + kCkpt);
   if (gather_rank_times_) reduce_buf_[kFixed + topology_.rank] = busy_ms;
   if (data_parallel_) comm::SetActivity(fmt::format("step {}: averaging the loss", step + 1));
   const auto tr = Clock::now();
@@ -313,8 +322,9 @@ StatusOr<StepStats> Trainer::Step() {
   const double reduce_ms = ms_since(tr);
   s.loss = static_cast<float>(reduce_buf_[0] / topology_.world);
   stop_agreed_ = reduce_buf_[1] > 0;
-  std::copy(reduce_buf_.begin() + 2, reduce_buf_.begin() + kFixed, ckpt_slots_);
-  if (gather_rank_times_) s.rank_busy_ms.assign(reduce_buf_.begin() + kFixed, reduce_buf_.end());
+  s.grad_norm = static_cast<float>(reduce_buf_[2]);
+  std::copy(reduce_buf_.begin() + kCkpt, reduce_buf_.begin() + kFixed, ckpt_slots_);
+  if (gather_rank_times_ && topology_.rank == 0) s.rank_busy_ms.assign(reduce_buf_.begin() + kFixed, reduce_buf_.end());
   s.comm_exposed_ms = r.exposed_ms + reduce_ms;
   s.comm_ms = r.comm_ms;
   s.codec_ms = r.codec_ms;
@@ -486,9 +496,11 @@ Status Trainer::HandleAnomaly(StepStats& s) {
   switch (a.action) {
     case AnomalyAction::kOff:
     case AnomalyAction::kWarn:
-      consecutive_skips_ = 0;
       return Status::OK();
     case AnomalyAction::kSkip:
+      // A lossy codec's error feedback already holds part of the rejected gradient (all of it NaN
+      // for a non-finite one): it starts again from zero.
+      TF_RETURN_IF_ERROR(ClearErrorFeedback());
       if (++consecutive_skips_ <= config_.anomaly_max_skips) return Status::OK();
       TF_RETURN_IF_ERROR(notify());
       return Status::Internal("anomaly: {}; {} updates in a row were skipped (anomaly_max_skips {}): stopping. Lower "
@@ -513,6 +525,13 @@ Status Trainer::HandleAnomaly(StepStats& s) {
   return Status::OK();
 }
 
+Status Trainer::ClearErrorFeedback() {
+  const auto [residual, server] = sync_->state_sizes();
+  if (residual == 0 && server == 0) return Status::OK();
+  const std::vector<float> r(static_cast<size_t>(residual), 0.0f), v(static_cast<size_t>(server), 0.0f);
+  return sync_->SetState(r, v);
+}
+
 Status Trainer::RollBack(int64_t anomaly_step) {
   const int64_t offset_at_anomaly = data_offset_;
   // Checkpoints in flight are written and committed (a failed one is never loaded), then every rank
@@ -521,8 +540,8 @@ Status Trainer::RollBack(int64_t anomaly_step) {
   checkpointing_.reset();
   const std::string resume = config_.resume;
   config_.resume = "auto";
-  int64_t to = -1;
-  StatusOr<std::string> line = ResumeFromCheckpoint(*this, &to);
+  int64_t own = -1, to = -1;
+  StatusOr<std::string> line = ResumeFromCheckpoint(*this, &own, /*before_step=*/anomaly_step, &to);
   config_.resume = resume;
   if (!line.ok()) return line.status().WithContext(fmt::format("rolling back after the anomaly at step {}", anomaly_step));
   if (to < 0) {
@@ -531,6 +550,9 @@ Status Trainer::RollBack(int64_t anomaly_step) {
   }
   // Step `to` + 1 reads the data after the anomalous step's: the steps between are skipped too.
   data_offset_ = anomaly_step + offset_at_anomaly - to;
+  if (data_offset_ < offset_at_anomaly) {
+    return Status::Internal("rollback from step {} loaded step {}, not an earlier one", anomaly_step, to);
+  }
   TF_ASSIGN_OR_RETURN(checkpointing_, TrainCheckpointing::Create(*this));
   auto after = [to](const auto& x) { return x.first > to; };
   std::erase_if(result_.steps, [to](const StepStats& x) { return x.step > to; });
@@ -561,14 +583,17 @@ StatusOr<TrainResult> Trainer::Run() {
       continue;
     }
     if (s.anomaly) TF_RETURN_IF_ERROR(HandleAnomaly(s));
+    if (!s.update_skipped) consecutive_skips_ = 0;
     const bool planned = config_.stop_at_step > 0 && s.step >= config_.stop_at_step;
     s.last = s.step == max_steps;
     s.stopping = (stop_agreed_ || planned) && !s.last;
     s.interrupted = stop_agreed_ && !s.last;  // stop soon: no evaluation or sampling
     if (checkpointing_) TF_RETURN_IF_ERROR(checkpointing_->AfterStep(ckpt_slots_, s));
     for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnStep(*this, s));
-    result_.steps.push_back(s);
-    if (s.stopping) {
+    const bool stopping = s.stopping;
+    s.rank_busy_ms = {};
+    result_.steps.push_back(std::move(s));
+    if (stopping) {
       stopped = true;
       break;
     }

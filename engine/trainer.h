@@ -58,7 +58,8 @@ struct StepStats {
   // communication (comm_exposed_ms, including the loss reduction), the optimizer update. On a GPU the
   // host waits for the kernels when it reads the gradient norm, so their time lands in compute_ms.
   double data_ms = 0, compute_ms = 0, optimizer_ms = 0;
-  // Every rank's data + compute time, by rank (when the monitor gathers them; else empty).
+  // Rank 0, when the monitor gathers them: every rank's data + compute time, by rank (else empty;
+  // not kept in TrainResult).
   std::vector<double> rank_busy_ms;
   std::optional<Anomaly> anomaly;  // what the anomaly guard saw (engine/anomaly_guard.h)
   bool update_skipped = false;     // the optimizer update was not applied
@@ -164,6 +165,8 @@ class Trainer {
   std::optional<checkpoint::CheckpointerStats> checkpoint_stats() const;
   // Steps of data skipped by rollbacks: step s reads the data of step s + data_offset().
   int64_t data_offset() const { return data_offset_; }
+  // How many ranks pass `flag` = true (one small reduction; `flag` itself for one rank).
+  StatusOr<int> CountOverRanks(bool flag);
   // Rank 0's `bytes` at `data` on every rank (a no-op for one rank).
   Status BroadcastFromRankZero(void* data, size_t bytes);
   // The anomaly guard's (kind, action) pairs, for the metrics' labels.
@@ -181,8 +184,10 @@ class Trainer {
   Status WriteOutputs(const TrainResult& result);
   // The guard's verdict on step `s`: OK to go on (warn, skip), an error to stop, or a rollback.
   Status HandleAnomaly(StepStats& s);
-  // Back to the newest committed checkpoint, skipping the data up to step `anomaly_step`.
+  // Back to the newest committed checkpoint before `anomaly_step`, skipping the data up to it.
   Status RollBack(int64_t anomaly_step);
+  // Zeroes a lossy codec's error-feedback residuals (after a rejected gradient).
+  Status ClearErrorFeedback();
   std::string StatePath() const;
 
   GPT2Config model_config_;
@@ -211,12 +216,12 @@ class Trainer {
   TrainResult result_;
   int64_t step_ = 0;
   int64_t data_offset_ = 0;
-  bool stop_agreed_ = false;
+  bool stop_agreed_ = false;  // the last step's reduction said some rank was asked to stop
   bool gather_rank_times_ = false;
   std::vector<double> reduce_buf_;  // the step's reduction
   std::optional<AnomalyGuard> guard_;
   int consecutive_skips_ = 0;
-  int rollbacks_ = 0;  // the last step's reduction said some rank was asked to stop
+  int rollbacks_ = 0;
 };
 
 }  // namespace tf

@@ -88,7 +88,8 @@ Monitor::Monitor(RunInfo info)
   ckpt_last_stall_ = &NewGauge(reg, "trainflow_checkpoint_last_stall_seconds", "The last checkpoint's training stall");
   auto& ckpts = prometheus::BuildCounter()
                     .Name("trainflow_checkpoints_total")
-                    .Help("This rank's checkpoint parts by result: written, failed, skipped (both buffer halves busy)")
+                    .Help("Checkpoints by result: written (committed; rank 0 commits for all ranks), failed (this "
+                          "rank's parts), skipped (both buffer halves busy)")
                     .Register(reg);
   ckpt_written_ = &ckpts.Add({{"result", "written"}});
   ckpt_failed_ = &ckpts.Add({{"result", "failed"}});
@@ -98,7 +99,7 @@ Monitor::Monitor(RunInfo info)
                                   "Writer time of this rank's last part (encode and store)");
   ckpt_bytes_total_ = &NewCounter(reg, "trainflow_checkpoint_written_bytes_total", "Stored checkpoint bytes this rank wrote");
   ckpt_last_committed_ = &NewGauge(reg, "trainflow_checkpoint_last_committed_step",
-                                   "Step of the newest committed checkpoint (-1: none yet)");
+                                   "Step of the newest checkpoint this process committed (-1: none yet)");
   ckpt_last_committed_->Set(-1);
   anomalies_ = &prometheus::BuildCounter()
                     .Name("trainflow_anomalies_total")
@@ -132,7 +133,7 @@ void Monitor::RecordStep(const StepRecord& r) {
   lr_->Set(r.lr);
   grad_norm_->Set(r.grad_norm);
   tokens_per_s_->Set(r.tokens_per_s);
-  tokens_total_->Increment(r.tokens_per_s * r.step_s);
+  tokens_total_->Increment(static_cast<double>(r.tokens));
   steps_total_->Increment();
   step_duration_->Observe(r.step_s);
   part_data_->Set(r.data_s);
@@ -200,7 +201,7 @@ void Monitor::RecordCheckpoints(const CheckpointCounters& c) {
   if (c.bytes_total > o.bytes_total) ckpt_bytes_total_->Increment(static_cast<double>(c.bytes_total - o.bytes_total));
   ckpt_last_bytes_->Set(static_cast<double>(c.last_bytes));
   ckpt_last_duration_->Set(c.last_duration_s);
-  ckpt_last_committed_->Set(static_cast<double>(c.last_committed_step));
+  if (c.last_committed_step >= 0) ckpt_last_committed_->Set(static_cast<double>(c.last_committed_step));
   ckpt_seen_ = c;
 }
 
@@ -269,11 +270,20 @@ std::string Monitor::RunJson() const {
 }
 
 std::string Monitor::StepsJson(int64_t after) const {
+  // Copied under the lock, serialised outside it: the training thread never waits for a client.
+  std::vector<Point> page;
+  int64_t last_step = 0, generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto first = std::upper_bound(points_.begin(), points_.end(), after,
+                                  [](int64_t a, const Point& p) { return a < p.r.step; });
+    const auto n = std::min<ptrdiff_t>(points_.end() - first, static_cast<ptrdiff_t>(kMaxRecordsPerAnswer));
+    page.assign(first, first + n);
+    last_step = points_.empty() ? 0 : points_.back().r.step;
+    generation = generation_;
+  }
   json steps = json::array();
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = std::upper_bound(points_.begin(), points_.end(), after,
-                             [](int64_t a, const Point& p) { return a < p.r.step; });
-  for (size_t n = 0; it != points_.end() && n < kMaxRecordsPerAnswer; ++it, ++n) {
+  for (auto it = page.begin(); it != page.end(); ++it) {
     const StepRecord& r = it->r;
     json s{{"step", r.step},
            {"loss", Num(r.loss)},
@@ -302,21 +312,22 @@ std::string Monitor::StepsJson(int64_t after) const {
     }
     steps.push_back(std::move(s));
   }
-  return json{{"steps", std::move(steps)},
-              {"last_step", points_.empty() ? 0 : points_.back().r.step},
-              {"generation", generation_}}
-      .dump();  // numbers only
+  return json{{"steps", std::move(steps)}, {"last_step", last_step}, {"generation", generation}}.dump();  // numbers
 }
 
 std::string Monitor::EventsJson(int64_t after_id) const {
+  std::vector<Event> picked;  // both rings merged in id order, copied under the lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t i = 0, k = 0;
+    while (i < events_.size() || k < samples_.size()) {
+      const bool take_event = k == samples_.size() || (i < events_.size() && events_[i].id < samples_[k].id);
+      const Event& e = take_event ? events_[i++] : samples_[k++];
+      if (e.id > after_id) picked.push_back(e);
+    }
+  }
   json events = json::array();
-  std::lock_guard<std::mutex> lock(mu_);
-  // Both rings, merged in id order.
-  size_t i = 0, k = 0;
-  while (i < events_.size() || k < samples_.size()) {
-    const bool take_event = k == samples_.size() || (i < events_.size() && events_[i].id < samples_[k].id);
-    const Event& e = take_event ? events_[i++] : samples_[k++];
-    if (e.id <= after_id) continue;
+  for (const Event& e : picked) {
     events.push_back(
         json{{"id", e.id}, {"step", e.step}, {"time_unix", e.time_unix}, {"kind", e.kind}, {"message", e.message}});
   }

@@ -5,8 +5,8 @@
 //
 // The training thread records (RecordStep, RecordEval, AddEvent, ...): each call sets a few atomic
 // gauges and appends one fixed-size record under a mutex, nothing else (the cost is measured in
-// bench/RESULTS.md). The HTTP server's threads read (Exposition, *Json), serialising on their own
-// time. History: at most kMaxRecords step records; when full, every other record of the older half
+// bench/RESULTS.md). The HTTP server's threads read (Exposition, *Json): they copy what they need
+// under the mutex and serialise outside it. History: at most kMaxRecords step records; when full, every other record of the older half
 // is dropped, so a long run keeps its whole shape at a coarser resolution. Thread safety: all
 // methods may be called from any thread.
 #pragma once
@@ -32,6 +32,7 @@ namespace tf::monitor {
 struct StepRecord {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
+  int64_t tokens = 0;  // trained in this step, all ranks
   double step_s = 0, data_s = 0, compute_s = 0, comm_exposed_s = 0, optimizer_s = 0;
   std::optional<double> mfu;  // 0..1, when the peak is known
   // Gradient synchronisation (has_comm: several ranks or a codec).

@@ -1,126 +1,387 @@
 #include "monitor/server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <fstream>
-#include <functional>
 #include <mutex>
+#include <set>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
-#include <httplib.h>
 
 #include "monitor/assets.h"
 
 namespace tf::monitor {
 namespace {
 
-// httplib's task queue with a bound: a full queue blocks the accept thread (never a worker).
-class BoundedPool final : public httplib::TaskQueue {
- public:
-  BoundedPool(int threads, int capacity) : capacity_(static_cast<size_t>(capacity)) {
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
-  }
-  void enqueue(std::function<void()> fn) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    space_.wait(lock, [&] { return jobs_.size() < capacity_ || shutdown_; });
-    jobs_.push_back(std::move(fn));  // after shutdown too: each job closes its socket
-    ready_.notify_one();
-  }
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      shutdown_ = true;
-    }
-    ready_.notify_all();
-    space_.notify_all();
-    for (std::thread& t : workers_) t.join();
-  }
+using Clock = std::chrono::steady_clock;
 
- private:
-  void Work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        ready_.wait(lock, [&] { return !jobs_.empty() || shutdown_; });
-        if (jobs_.empty()) return;
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-        space_.notify_one();
-      }
-      fn();
-    }
-  }
-
-  const size_t capacity_;
-  std::mutex mu_;  // guards jobs_, shutdown_
-  std::condition_variable ready_, space_;
-  std::deque<std::function<void()>> jobs_;
-  bool shutdown_ = false;
-  std::vector<std::thread> workers_;
-};
+constexpr size_t kMaxRequestHead = 8192;  // request line and headers; more: 431
 
 // Constant-time comparison (the token must not leak through response timing).
-bool SameToken(const std::string& a, const std::string& b) {
+bool SameToken(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
 }
 
-int64_t IntParam(const httplib::Request& req, const char* name) {
-  if (!req.has_param(name)) return 0;
-  const std::string v = req.get_param_value(name);
+bool IEquals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return std::tolower(x) == std::tolower(y); });
+}
+
+std::string PercentDecode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(s[i + 1]) && std::isxdigit(s[i + 2])) {
+      out.push_back(static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16)));
+      i += 2;
+    } else {
+      out.push_back(s[i] == '+' ? ' ' : s[i]);
+    }
+  }
+  return out;
+}
+
+// The value of `key` in a query string ("" when absent).
+std::string QueryParam(std::string_view query, std::string_view key) {
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) == key) return eq == std::string_view::npos ? "" : PercentDecode(pair.substr(eq + 1));
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  return "";
+}
+
+int64_t IntOr0(const std::string& v) {
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
   return (errno != 0 || end == v.c_str()) ? 0 : static_cast<int64_t>(x);
 }
 
-// Why binding host:port fails, from the kernel (httplib reports only false). err: the errno, or
-// -1 when the host does not resolve.
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.starts_with("127.");
+}
+
+// A Host header a page served from a loopback address can legitimately send: an IP literal or
+// localhost (a DNS name pointing at 127.0.0.1 is how a rebinding attack reaches the endpoint).
+bool HostHeaderAllowed(std::string_view host) {
+  if (host.empty()) return true;  // HTTP/1.0
+  std::string name(host);
+  if (name.front() == '[') return name.find(']') != std::string::npos;  // an IPv6 literal
+  if (const size_t colon = name.rfind(':'); colon != std::string::npos) name.resize(colon);
+  if (IEquals(name, "localhost")) return true;
+  in_addr a{};
+  return inet_pton(AF_INET, name.c_str(), &a) == 1;
+}
+
+struct Request {
+  std::string method, path, query;
+  std::string authorization, host;
+};
+
+// Parses the head ("GET /x?y HTTP/1.1\r\nName: value\r\n...\r\n\r\n"); false when malformed.
+bool ParseHead(std::string_view head, Request* r) {
+  const size_t eol = head.find("\r\n");
+  const std::string_view line = head.substr(0, eol);
+  const size_t sp1 = line.find(' ');
+  const size_t sp2 = line.rfind(' ');
+  if (sp1 == std::string_view::npos || sp2 == sp1 || !line.substr(sp2 + 1).starts_with("HTTP/1.")) return false;
+  r->method = std::string(line.substr(0, sp1));
+  const std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  if (target.empty() || target.front() != '/') return false;
+  const size_t q = target.find('?');
+  r->path = std::string(target.substr(0, q));
+  if (q != std::string_view::npos) r->query = std::string(target.substr(q + 1));
+  for (size_t pos = eol + 2; pos < head.size();) {
+    const size_t end = head.find("\r\n", pos);
+    if (end == std::string_view::npos || end == pos) break;
+    const std::string_view h = head.substr(pos, end - pos);
+    pos = end + 2;
+    const size_t colon = h.find(':');
+    if (colon == std::string_view::npos) return false;
+    std::string_view value = h.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    if (IEquals(h.substr(0, colon), "authorization")) r->authorization = std::string(value);
+    if (IEquals(h.substr(0, colon), "host")) r->host = std::string(value);
+  }
+  return true;
+}
+
+struct Response {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+const char* Reason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 431: return "Request Header Fields Too Large";
+    default: return "Error";
+  }
+}
+
+// Milliseconds left until `deadline` (0 when past).
+int MsLeft(Clock::time_point deadline) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return ms > 0 ? static_cast<int>(std::min<int64_t>(ms, 1 << 30)) : 0;
+}
+
+// Why binding host:port fails, from the kernel. err: the errno, or -1 when the host does not resolve.
 struct BindFailure {
   int err = 0;
   std::string why;
 };
-BindFailure WhyNotBound(const std::string& host, int port) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
-    return {-1, fmt::format("cannot resolve '{}': {}", host, gai_strerror(rc))};
-  }
-  BindFailure f{0, "bound on a second try (another process raced for it?)"};
-  const int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  if (fd < 0) {
-    f = {errno, std::strerror(errno)};
-  } else {
-    const int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0) f = {errno, std::strerror(errno)};
-    close(fd);
-  }
-  freeaddrinfo(res);
-  return f;
-}
 
 }  // namespace
 
 struct MetricsServer::Impl {
-  httplib::Server http;
-  std::thread thread;
+  const Monitor* monitor = nullptr;
+  ServerOptions options;
+  bool loopback = true;
+  int listen_fd = -1;
+  int wake_fd = -1;  // eventfd: written once by Stop() to end the accept loop
+  std::thread acceptor;
+  std::vector<std::thread> workers;
+  std::mutex mu;  // guards queue, active, stopping
+  std::condition_variable ready, space;
+  std::deque<int> queue;  // accepted connections waiting for a worker
+  std::set<int> active;   // connections being served (shut down by Stop())
+  bool stopping = false;
+
+  ~Impl() {
+    Stop();
+    if (listen_fd >= 0) close(listen_fd);
+    if (wake_fd >= 0) close(wake_fd);
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping) return;
+      stopping = true;
+      for (int fd : active) shutdown(fd, SHUT_RDWR);  // a worker blocked in poll() wakes at once
+    }
+    if (wake_fd >= 0) {
+      const uint64_t one = 1;
+      (void)!write(wake_fd, &one, sizeof(one));
+    }
+    ready.notify_all();
+    space.notify_all();
+    if (acceptor.joinable()) acceptor.join();
+    for (std::thread& w : workers) {
+      if (w.joinable()) w.join();
+    }
+    for (int fd : queue) close(fd);
+    queue.clear();
+  }
+
+  void AcceptLoop() {
+    for (;;) {
+      pollfd fds[2] = {{listen_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+      if (poll(fds, 2, -1) < 0 && errno != EINTR) return;
+      if (fds[1].revents != 0) return;
+      if ((fds[0].revents & POLLIN) == 0) continue;
+      const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) continue;  // the peer gave up, or out of descriptors for now
+      std::unique_lock<std::mutex> lock(mu);
+      // A full queue makes this thread wait (the kernel's backlog holds the rest).
+      space.wait(lock, [&] { return queue.size() < static_cast<size_t>(options.queue) || stopping; });
+      if (stopping) {
+        close(fd);
+        return;
+      }
+      queue.push_back(fd);
+      ready.notify_one();
+    }
+  }
+
+  void Work() {
+    for (;;) {
+      int fd = -1;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        ready.wait(lock, [&] { return !queue.empty() || stopping; });
+        if (stopping) return;
+        fd = queue.front();
+        queue.pop_front();
+        active.insert(fd);
+        space.notify_one();
+      }
+      Serve(fd);
+      std::lock_guard<std::mutex> lock(mu);
+      active.erase(fd);
+      close(fd);
+    }
+  }
+
+  // One request on `fd` (non-blocking): its head read within timeout_s and at most kMaxRequestHead
+  // bytes, the answer written within timeout_s; then the connection closes.
+  void Serve(int fd) {
+    std::string head;
+    char buf[2048];
+    const Clock::time_point read_deadline = Clock::now() + std::chrono::seconds(options.timeout_s);
+    for (;;) {
+      if (head.find("\r\n\r\n") != std::string::npos) break;
+      if (head.size() >= kMaxRequestHead) {
+        Response r{431, "text/plain; charset=utf-8", "request head too large\n", {}};
+        Send(fd, r, false);
+        return;
+      }
+      pollfd p{fd, POLLIN, 0};
+      const int left = MsLeft(read_deadline);
+      if (left == 0 || poll(&p, 1, left) <= 0) return;  // too slow, or stopping: close
+      const ssize_t n = recv(fd, buf, std::min(sizeof(buf), kMaxRequestHead - head.size()), 0);
+      if (n <= 0) {
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        return;
+      }
+      head.append(buf, static_cast<size_t>(n));
+    }
+    Request req;
+    Response res;
+    if (!ParseHead(head, &req)) {
+      res = Response{400, "text/plain; charset=utf-8", "bad request\n", {}};
+    } else {
+      Route(req, &res);
+    }
+    Send(fd, res, req.method == "HEAD");
+  }
+
+  void Route(const Request& req, Response* res) const {
+    if (req.method != "GET" && req.method != "HEAD") {
+      *res = Response{405, "text/plain; charset=utf-8", "method not allowed: this endpoint is read-only\n",
+                      {{"Allow", "GET, HEAD"}}};
+      return;
+    }
+    if (loopback && !HostHeaderAllowed(req.host)) {
+      *res = Response{403, "text/plain; charset=utf-8", "Host not allowed: use the address, or localhost\n", {}};
+      return;
+    }
+    if (!options.token.empty()) {
+      const std::string_view auth = req.authorization;
+      const bool header_ok = auth.size() > 7 && IEquals(auth.substr(0, 7), "bearer ") &&
+                             SameToken(auth.substr(7), options.token);
+      // ?token= for a browser opening the dashboard (its script then sends the header).
+      const bool query_ok = SameToken(QueryParam(req.query, "token"), options.token);
+      if (!header_ok && !query_ok) {
+        *res = Response{401, "text/plain; charset=utf-8", "unauthorized: send Authorization: Bearer <token>\n",
+                        {{"WWW-Authenticate", "Bearer realm=\"trainflow\""}}};
+        return;
+      }
+    }
+    const std::string& p = req.path;
+    if (p == "/") {
+      *res = Response{200, "text/html; charset=utf-8", std::string(DashboardHtml()),
+                      {{"Content-Security-Policy",
+                        "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+                        "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'"}}};
+    } else if (p == "/chart.js") {
+      *res = Response{200, "text/javascript; charset=utf-8", std::string(ChartJs()), {}};
+    } else if (p == "/metrics") {
+      *res = Response{200, "text/plain; version=0.0.4; charset=utf-8", monitor->Exposition(), {}};
+    } else if (p == "/api/run") {
+      *res = Response{200, "application/json", monitor->RunJson(), {}};
+    } else if (p == "/api/steps") {
+      *res = Response{200, "application/json", monitor->StepsJson(IntOr0(QueryParam(req.query, "after"))), {}};
+    } else if (p == "/api/events") {
+      *res = Response{200, "application/json", monitor->EventsJson(IntOr0(QueryParam(req.query, "after"))), {}};
+    } else if (p == "/api/ranks") {
+      *res = Response{200, "application/json", monitor->RanksJson(), {}};
+    } else {
+      *res = Response{404, "text/plain; charset=utf-8", "not found\n", {}};
+    }
+  }
+
+  void Send(int fd, const Response& r, bool head_only) const {
+    std::string out = fmt::format(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n"
+        "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n",
+        r.status, Reason(r.status), r.content_type, r.body.size());
+    for (const auto& [k, v] : r.headers) out += fmt::format("{}: {}\r\n", k, v);
+    out += "\r\n";
+    if (!head_only) out += r.body;
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(options.timeout_s);
+    size_t sent = 0;
+    while (sent < out.size()) {
+      const ssize_t n = send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno != EAGAIN && errno != EINTR) return;
+      pollfd p{fd, POLLOUT, 0};
+      const int left = MsLeft(deadline);
+      if (left == 0 || poll(&p, 1, left) <= 0) return;  // a reader too slow: give up
+    }
+  }
 };
+
+namespace {
+
+// Opens a listening socket on host:port (SO_REUSEADDR only: a second process must not share it).
+// Returns the fd, or -1 with *failure set.
+int Listen(const std::string& host, int port, BindFailure* failure) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | AI_PASSIVE;
+  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
+    *failure = {-1, fmt::format("cannot resolve '{}': {}", host, gai_strerror(rc))};
+    return -1;
+  }
+  int fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+  if (fd < 0) {
+    *failure = {errno, std::strerror(errno)};
+  } else {
+    const int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+      *failure = {errno, std::strerror(errno)};
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  return fd;
+}
+
+int BoundPort(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return 0;
+  return a.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port)
+                                 : ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+}
+
+}  // namespace
 
 Status ParseHostPort(const std::string& text, ServerOptions* options) {
   std::string host, port;
@@ -166,12 +427,7 @@ std::string MetricsServer::url() const {
                                                : fmt::format("http://{}:{}", host_, port_);
 }
 
-MetricsServer::~MetricsServer() {
-  if (impl_) {
-    impl_->http.stop();
-    if (impl_->thread.joinable()) impl_->thread.join();
-  }
-}
+MetricsServer::~MetricsServer() = default;  // Impl's destructor stops and joins
 
 StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Monitor* monitor, const ServerOptions& o) {
   if (o.threads < 1 || o.queue < 1 || o.timeout_s < 1 || o.port_tries < 1 || o.port_stride < 1) {
@@ -179,114 +435,43 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Monitor* mon
   }
   std::unique_ptr<MetricsServer> s(new MetricsServer());
   s->impl_ = std::make_unique<Impl>();
+  Impl& impl = *s->impl_;
+  impl.monitor = monitor;
+  impl.options = o;
+  impl.loopback = IsLoopbackHost(o.host);
   s->host_ = o.host;
-  httplib::Server& http = s->impl_->http;
-  const int threads = o.threads, queue = o.queue;
-  http.new_task_queue = [threads, queue] { return new BoundedPool(threads, queue); };
-  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which would let a second process bind
-  // the same port and silently share it.
-  http.set_socket_options([](int fd) {
-    const int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  http.set_read_timeout(o.timeout_s, 0);
-  http.set_write_timeout(o.timeout_s, 0);
-  http.set_keep_alive_timeout(o.timeout_s);
-  // One request per connection: a polling dashboard tab must not hold a worker between polls.
-  http.set_keep_alive_max_count(1);
-  http.set_payload_max_length(4096);
-  const std::string token = o.token;
-  http.set_pre_routing_handler([token](const httplib::Request& req, httplib::Response& res) {
-    res.set_header("Cache-Control", "no-store");
-    res.set_header("X-Content-Type-Options", "nosniff");
-    if (req.method != "GET" && req.method != "HEAD") {
-      res.status = 405;
-      res.set_header("Allow", "GET, HEAD");
-      res.set_content("method not allowed: this endpoint is read-only\n", "text/plain");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (!token.empty()) {
-      // The header, or ?token= for a browser opening the dashboard (which then sends the header).
-      const std::string auth = req.get_header_value("Authorization");
-      const std::string prefix = "Bearer ";
-      const bool header_ok = auth.starts_with(prefix) && SameToken(auth.substr(prefix.size()), token);
-      const bool query_ok = req.has_param("token") && SameToken(req.get_param_value("token"), token);
-      if (!header_ok && !query_ok) {
-        res.status = 401;
-        res.set_header("WWW-Authenticate", "Bearer realm=\"trainflow\"");
-        res.set_content("unauthorized: send Authorization: Bearer <token>\n", "text/plain");
-        return httplib::Server::HandlerResponse::Handled;
-      }
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    if (res.status == 404) res.set_content("not found\n", "text/plain");
-  });
-  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_header("Content-Security-Policy",
-                   "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
-                   "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'");
-    const std::string_view page = DashboardHtml();
-    res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
-  });
-  http.Get("/chart.js", [](const httplib::Request&, httplib::Response& res) {
-    const std::string_view js = ChartJs();
-    res.set_content(js.data(), js.size(), "text/javascript; charset=utf-8");
-  });
-  http.Get("/metrics", [monitor](const httplib::Request&, httplib::Response& res) {
-    res.set_content(monitor->Exposition(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  http.Get("/api/run", [monitor](const httplib::Request&, httplib::Response& res) {
-    res.set_content(monitor->RunJson(), "application/json");
-  });
-  http.Get("/api/steps", [monitor](const httplib::Request& req, httplib::Response& res) {
-    res.set_content(monitor->StepsJson(IntParam(req, "after")), "application/json");
-  });
-  http.Get("/api/events", [monitor](const httplib::Request& req, httplib::Response& res) {
-    res.set_content(monitor->EventsJson(IntParam(req, "after")), "application/json");
-  });
-  http.Get("/api/ranks", [monitor](const httplib::Request&, httplib::Response& res) {
-    res.set_content(monitor->RanksJson(), "application/json");
-  });
-
+  BindFailure f;
   if (o.port == 0) {
-    const int port = http.bind_to_any_port(o.host);
-    if (port <= 0) {
+    impl.listen_fd = Listen(o.host, 0, &f);
+    if (impl.listen_fd < 0) {
       return Status::InvalidArgument("metrics server: cannot bind {}: {}; set metrics_addr to an address of this "
-                                     "machine or \"off\"", o.host, WhyNotBound(o.host, 0).why);
+                                     "machine or \"off\"", o.host, f.why);
     }
-    s->port_ = port;
   } else {
     std::string tried;
     for (int k = 0; k < o.port_tries; ++k) {
       const int port = o.port + k * o.port_stride;
       if (port > 65535) break;
-      if (http.bind_to_port(o.host, port)) {
-        s->port_ = port;
-        break;
-      }
-      const BindFailure f = WhyNotBound(o.host, port);
+      impl.listen_fd = Listen(o.host, port, &f);
+      if (impl.listen_fd >= 0) break;
       tried += fmt::format("{}{} ({})", tried.empty() ? "" : ", ", port, f.why);
-      if (f.err != EADDRINUSE && f.err != 0) {  // the address, not the port: no other port helps
+      if (f.err != EADDRINUSE) {  // the address, not the port: no other port helps
         return Status::InvalidArgument("metrics server: cannot bind {}:{}: {}; set metrics_addr to an address of "
                                        "this machine or \"off\"", o.host, port, f.why);
       }
     }
-    if (s->port_ == 0) {
+    if (impl.listen_fd < 0) {
       return Status::Unavailable("metrics server: cannot bind {}: tried port {}; set metrics_addr to a free "
                                  "HOST:PORT (port 0: any) or \"off\"",
                                  o.host, tried);
     }
     s->moved_from_ = tried;
   }
-  MetricsServer* raw = s.get();
-  raw->impl_->thread = std::thread([raw] { raw->impl_->http.listen_after_bind(); });
-  // httplib's stop() does nothing before the loop runs: wait for it, so the destructor can stop it.
-  for (int i = 0; i < 10000 && !raw->impl_->http.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (!raw->impl_->http.is_running()) return Status::Internal("metrics server: the accept loop did not start");
+  s->port_ = BoundPort(impl.listen_fd);
+  impl.wake_fd = eventfd(0, EFD_CLOEXEC);
+  if (impl.wake_fd < 0) return Status::FromErrno("metrics server: eventfd", errno);
+  for (int i = 0; i < o.threads; ++i) impl.workers.emplace_back([&impl] { impl.Work(); });
+  impl.acceptor = std::thread([&impl] { impl.AcceptLoop(); });
   return s;
 }
 

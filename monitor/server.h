@@ -1,16 +1,19 @@
-// MetricsServer: the HTTP endpoint of one rank (cpp-httplib) — /metrics (Prometheus text), the
-// dashboard (/, /chart.js) and its JSON API (/api/run, /api/steps, /api/events, /api/ranks), all
-// read from a Monitor (monitor/metrics.h). Paths and formats: docs/monitoring.md.
+// MetricsServer: the HTTP endpoint of one rank — /metrics (Prometheus text), the dashboard (/,
+// /chart.js) and its JSON API (/api/run, /api/steps, /api/events, /api/ranks), all read from a
+// Monitor (monitor/metrics.h). Paths and formats: docs/monitoring.md.
 //
 // Safety: binds 127.0.0.1 unless told otherwise; GET and HEAD only (others 405); no other paths
 // (404); with a token, every request must carry "Authorization: Bearer <token>" or ?token=<token>
-// (else 401). One request per connection. The
-// server runs on its own threads — an accept thread and a fixed pool of workers fed by a bounded
-// queue (a full queue makes the accept thread wait, so the kernel's backlog absorbs a flood) — with
-// read/write timeouts and a keep-alive limit, so no client can stall or grow the training process.
+// (else 401); on a loopback address, a Host header must be an IP literal or localhost (403: a DNS
+// rebinding page cannot read it). Bounded by construction: an accept thread and a fixed pool of
+// workers fed by a bounded queue (when full, the accept thread waits and the kernel's backlog holds
+// the rest); each connection gets one request whose head must arrive within timeout_s and 8 KiB,
+// and an answer written within timeout_s; then it closes. No client can stall or grow the training
+// process, or keep the server from stopping.
 //
-// Lifetime: Start() binds and starts serving; the destructor stops and joins every thread. The
-// Monitor must outlive the server. Thread safety: port()/url() from any thread.
+// Lifetime: Start() binds and starts serving; the destructor shuts down every connection and joins
+// every thread (within a moment). The Monitor must outlive the server. Thread safety: port()/url()
+// from any thread.
 #pragma once
 #include <memory>
 #include <string>
@@ -54,7 +57,7 @@ class MetricsServer {
  private:
   MetricsServer() = default;
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;  // the threads (they use only what Impl holds)
   std::string host_;
   int port_ = 0;
   std::string moved_from_;

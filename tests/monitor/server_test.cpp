@@ -19,6 +19,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "monitor/assets.h"
 #include "monitor/metrics.h"
 #include "monitor/server.h"
 
@@ -189,6 +190,9 @@ TEST(MetricsServerTest, TokenRequiredOnEveryPathWhenSet) {
     ASSERT_TRUE(prefix);
     EXPECT_EQ(prefix->status, 401) << path;
   }
+  auto lower = c.Get("/metrics", {{"Authorization", "bearer good-token"}});  // schemes are case-insensitive
+  ASSERT_TRUE(lower);
+  EXPECT_EQ(lower->status, 200);
   auto ok = c.Get("/metrics", {{"Authorization", "Bearer good-token"}});
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
@@ -276,6 +280,95 @@ TEST(MetricsServerTest, IdleConnectionsNeitherBlockRecordingNorGrowThreads) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   for (int fd : idle) ::close(fd);
+}
+
+// Sends `bytes` on a fresh connection and returns everything the server answers before it closes
+// (reads time out after 10 s).
+std::string Exchange(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval limit{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    char buf[65536];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+TEST(MetricsServerTest, HostileRequestsAreBounded) {
+  Monitor m(Info());
+  auto s = StartOn(m, {.port = 0, .timeout_s = 1});
+  ASSERT_TRUE(s);
+  // A request line that never ends: cut at 8 KiB, not read into memory without bound.
+  const std::string endless = Exchange(s->port(), "GET /" + std::string(1 << 20, 'a'));
+  EXPECT_TRUE(endless.empty() || endless.starts_with("HTTP/1.1 431")) << endless.substr(0, 80);
+  // Endless headers: the same.
+  std::string many = "GET /metrics HTTP/1.1\r\n";
+  for (int i = 0; i < 5000; ++i) many += "X-Filler: 0123456789\r\n";
+  EXPECT_TRUE(Exchange(s->port(), many).starts_with("HTTP/1.1 431"));
+  // Many ranges: the whole file once, not a part per range.
+  std::string ranges = "bytes=0-";
+  for (int i = 0; i < 1000; ++i) ranges += ",0-";
+  const std::string chart = Exchange(s->port(), "GET /chart.js HTTP/1.1\r\nRange: " + ranges + "\r\n\r\n");
+  ASSERT_TRUE(chart.starts_with("HTTP/1.1 200")) << chart.substr(0, 80);
+  EXPECT_LT(chart.size(), ChartJs().size() + 1024);
+  // A name that resolves to loopback but is not an address (DNS rebinding) is refused.
+  EXPECT_TRUE(Exchange(s->port(), "GET /api/run HTTP/1.1\r\nHost: evil.example:80\r\n\r\n").starts_with("HTTP/1.1 403"));
+  for (const char* host : {"localhost:9470", "127.0.0.1:9470", "[::1]:9470", "LOCALHOST"}) {
+    const std::string ok = Exchange(s->port(), std::string("GET /api/run HTTP/1.1\r\nHost: ") + host + "\r\n\r\n");
+    EXPECT_TRUE(ok.starts_with("HTTP/1.1 200")) << host << ": " << ok.substr(0, 80);
+  }
+  EXPECT_TRUE(Exchange(s->port(), "garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
+  // A client that sends a byte now and then is cut off at the deadline, not kept forever.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(s->port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  bool closed = false;
+  for (int i = 0; i < 100 && !closed; ++i) {  // up to 10 s of drips against a 1 s deadline
+    closed = ::send(fd, "G", 1, MSG_NOSIGNAL) < 0;
+    char c;
+    closed = closed || ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::close(fd);
+  EXPECT_TRUE(closed) << "a dripping client kept its connection for 10 s";
+}
+
+TEST(MetricsServerTest, StopsWhileClientsHang) {
+  Monitor m(Info());
+  auto s = StartOn(m, {.port = 0, .threads = 1, .queue = 1, .timeout_s = 30});
+  ASSERT_TRUE(s);
+  // Clients that connect and send half a request: the one worker and the queue are taken, and the
+  // accept thread waits for room.
+  std::vector<int> hanging;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(s->port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    ::send(fd, "GET /met", 8, MSG_NOSIGNAL);
+    hanging.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  s.reset();  // must return without waiting out the 30 s deadline (ctest's timeout would catch a hang)
+  for (int fd : hanging) ::close(fd);
 }
 
 TEST(MonitorTest, HistoryIsBoundedAndKeepsTheWholeRun) {
