@@ -75,6 +75,23 @@ struct Listener {
   ~Listener() { ::close(fd); }
 };
 
+// A TCP connection to 127.0.0.1:port (the fd), or -1. send_timeout_ms > 0: connect() gives up
+// after that long (a full backlog makes it retry).
+int ConnectLoopback(int port, int send_timeout_ms = 0) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (send_timeout_ms > 0) {
+    timeval limit{send_timeout_ms / 1000, (send_timeout_ms % 1000) * 1000};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+  }
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
+  ::close(fd);
+  return -1;
+}
+
 // Whether a TCP connection to host:port is accepted.
 bool Connects(const char* host, int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -256,15 +273,7 @@ TEST(MetricsServerTest, IdleConnectionsNeitherBlockRecordingNorGrowThreads) {
   // Clients that connect and never send a byte: more than the workers and the queue hold.
   std::vector<int> idle;
   for (int i = 0; i < 10; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    timeval limit{0, 200000};  // a full backlog makes connect() retry: give up after 0.2 s
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(s->port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) idle.push_back(fd);
-    else ::close(fd);
+    if (const int fd = ConnectLoopback(s->port(), /*send_timeout_ms=*/200); fd >= 0) idle.push_back(fd);
   }
   // The training thread's calls do not wait for the server.
   const auto t0 = std::chrono::steady_clock::now();
@@ -285,15 +294,11 @@ TEST(MetricsServerTest, IdleConnectionsNeitherBlockRecordingNorGrowThreads) {
 // Sends `bytes` on a fresh connection and returns everything the server answers before it closes
 // (reads time out after 10 s).
 std::string Exchange(int port, const std::string& bytes) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  timeval limit{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int fd = ConnectLoopback(port);
   std::string out;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+  if (fd >= 0) {
+    timeval limit{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
     size_t sent = 0;
     while (sent < bytes.size()) {
       const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
@@ -302,8 +307,8 @@ std::string Exchange(int port, const std::string& bytes) {
     }
     char buf[65536];
     for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+    ::close(fd);
   }
-  ::close(fd);
   return out;
 }
 
@@ -332,12 +337,8 @@ TEST(MetricsServerTest, HostileRequestsAreBounded) {
   }
   EXPECT_TRUE(Exchange(s->port(), "garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
   // A client that sends a byte now and then is cut off at the deadline, not kept forever.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(s->port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const int fd = ConnectLoopback(s->port());
+  ASSERT_GE(fd, 0);
   bool closed = false;
   for (int i = 0; i < 100 && !closed; ++i) {  // up to 10 s of drips against a 1 s deadline
     closed = ::send(fd, "G", 1, MSG_NOSIGNAL) < 0;
@@ -357,12 +358,8 @@ TEST(MetricsServerTest, StopsWhileClientsHang) {
   // accept thread waits for room.
   std::vector<int> hanging;
   for (int i = 0; i < 4; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(s->port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const int fd = ConnectLoopback(s->port());
+    ASSERT_GE(fd, 0);
     ::send(fd, "GET /met", 8, MSG_NOSIGNAL);
     hanging.push_back(fd);
   }
