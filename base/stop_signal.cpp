@@ -9,9 +9,10 @@ namespace {
 
 std::atomic<int> g_stop{0};      // 0: none; -1: programmatic; else the signal number
 std::atomic<int> g_signals{0};   // signals received
+std::atomic<bool> g_escalate{true};
 
 extern "C" void OnStopSignal(int sig) {
-  if (g_signals.fetch_add(1) >= 1) {
+  if (g_signals.fetch_add(1) >= 1 && g_escalate.load()) {
     ::signal(sig, SIG_DFL);
     ::raise(sig);
     return;
@@ -21,7 +22,8 @@ extern "C" void OnStopSignal(int sig) {
 
 }  // namespace
 
-void InstallStopSignalHandlers() {
+void InstallStopSignalHandlers(bool escalate) {
+  g_escalate.store(escalate);
   struct sigaction sa{};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);

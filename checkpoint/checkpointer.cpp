@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "base/huge_pages.h"
+#include "base/progress.h"
 #include "checkpoint/chunk_codec.h"
 
 namespace tf::checkpoint {
@@ -25,8 +26,8 @@ using json = nlohmann::json;
 
 double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::string ChunkKey(int64_t step, const std::string& tensor, int64_t chunk) {
-  return fmt::format("{}/{}.{:06d}", CheckpointPrefix(step), tensor, chunk);
+std::string ChunkKey(int64_t step, const std::string& tag, const std::string& tensor, int64_t chunk) {
+  return fmt::format("{}/{}{}.{:06d}", CheckpointPrefix(step), tag.empty() ? "" : tag + ".", tensor, chunk);
 }
 
 }  // namespace
@@ -37,7 +38,9 @@ std::pair<int64_t, int64_t> OwnedChunks(int64_t chunks, int rank, int world) {
   return {first, first + base + (rank < extra ? 1 : 0)};
 }
 
-std::string PartKey(int64_t step, int rank) { return fmt::format("{}/part-r{:05d}.json", CheckpointPrefix(step), rank); }
+std::string PartKey(int64_t step, int rank, const std::string& tag) {
+  return fmt::format("{}/part-{}r{:05d}.json", CheckpointPrefix(step), tag.empty() ? "" : tag + "-", rank);
+}
 
 StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(std::unique_ptr<ObjectStore> store,
                                                              std::vector<StateTensor> tensors,
@@ -47,6 +50,7 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(std::unique_ptr<Obj
   }
   if (options.chunk_elements < 1) return Status::InvalidArgument("chunk_elements {} < 1", options.chunk_elements);
   if (options.full_every < 1) return Status::InvalidArgument("full_every {} < 1", options.full_every);
+  if (options.buffers != 1 && options.buffers != 2) return Status::InvalidArgument("buffers {}: 1 or 2", options.buffers);
   std::unique_ptr<Checkpointer> c(new Checkpointer());
   c->options_ = std::move(options);
   c->store_ = std::move(store);
@@ -68,7 +72,8 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(std::unique_ptr<Obj
     c->tensor_index_.push_back(i);
     c->half_elements_ += static_cast<size_t>(end - begin);
   }
-  for (int h = 0; h < 2; ++h) {
+  if (o.buffers == 1) c->halves_[1].busy = true;  // never used
+  for (int h = 0; h < o.buffers; ++h) {
     Half& half = c->halves_[h];
     const size_t n = std::max<size_t>(c->half_elements_, 1);
     half.data = o.allocate ? o.allocate(n) : static_cast<float*>(AllocateLarge(n * sizeof(float)));
@@ -229,7 +234,7 @@ void Checkpointer::WriterMain() {
         commit_state_.erase(task.step);
       }
     }
-    if (s.ok() && (task.kind == Task::kCommit || options_.world == 1)) {
+    if (s.ok() && (task.kind == Task::kCommit || (options_.world == 1 && !options_.manual_commit))) {
       s = Commit(task.step);
       if (!s.ok()) {
         spdlog::error("checkpoint of step {} not committed: {}; training continues", task.step, s.ToString());
@@ -331,11 +336,12 @@ Status Checkpointer::WritePart(Half& half) {
       encoding = EncodeChunkInto(job.data, {}, codec, bytes);
     }
     entry.encoding = std::string(EncodingName(encoding));
-    entry.key = ChunkKey(step, t.name, job.chunk);
+    entry.key = ChunkKey(step, options_.key_tag, t.name, job.chunk);
     entry.bytes = bytes.size();
     entry.xxh64 = XXH64(bytes.data(), bytes.size(), 0);
     entry.tensor = t.name;
     entry.chunk = job.chunk;
+    AdvanceProgress();
     return store_->PutDeferred(entry.key, bytes.view());
   };
   if (threads <= 1) {
@@ -368,9 +374,9 @@ Status Checkpointer::WritePart(Half& half) {
   // Every chunk durable before the part list that makes them count.
   TF_RETURN_IF_ERROR(store_->Sync());
   const std::string part_text = SerializeManifest(part);
-  TF_RETURN_IF_ERROR(store_->Put(PartKey(step, options_.rank), part_text));
+  TF_RETURN_IF_ERROR(store_->Put(PartKey(step, options_.rank, options_.key_tag), part_text));
   if (keep_base) {
-    base_.part.key = PartKey(step, options_.rank);
+    base_.part.key = PartKey(step, options_.rank, options_.key_tag);
     base_.part.bytes = part_text.size();
     base_.part.xxh64 = XXH64(part_text.data(), part_text.size(), 0);
     base_.ok = true;
@@ -397,7 +403,7 @@ Status Checkpointer::Commit(int64_t step) {
     commit_state_.erase(it);
   }
   for (int r = 0; r < options_.world; ++r) {
-    auto text = store_->Get(PartKey(step, r));
+    auto text = store_->Get(PartKey(step, r, options_.key_tag));
     if (!text.ok()) {
       if (text.status().code() == StatusCode::kNotFound) {
         return Status::NotFound("checkpoint of step {}: rank {}'s part is missing from {} (its write failed: see "
@@ -407,10 +413,10 @@ Status Checkpointer::Commit(int64_t step) {
       return text.status();
     }
     TF_ASSIGN_OR_RETURN(Manifest part,
-                        ParseManifest(*text, store_->location() + "/" + PartKey(step, r), /*complete=*/false));
+                        ParseManifest(*text, store_->location() + "/" + PartKey(step, r, options_.key_tag), /*complete=*/false));
     if (part.step != step || part.world != options_.world) {
       return Status::Corruption("{}/{}: a part of step {} of {} ranks, expected step {} of {}", store_->location(),
-                                PartKey(step, r), part.step, part.world, step, options_.world);
+                                PartKey(step, r, options_.key_tag), part.step, part.world, step, options_.world);
     }
     if (part.kind == kKindIncremental) m.kind = kKindIncremental;
     for (TensorEntry& t : part.tensors) {

@@ -73,6 +73,12 @@ struct CheckpointerOptions {
   int keep_last = 0;           // retention on rank 0 after each commit: 0 keeps every checkpoint
   int64_t keep_every_steps = 0;  // also keep those whose step is a multiple of this (0: none)
   std::string code_version;
+  // Object and part names carry this tag ("step-N/TAG.params.000000", "step-N/part-TAG-r00000.json"),
+  // so a second writer of the same step (a rescue after a failure) never touches the first's objects.
+  std::string key_tag;
+  // One rank: the writer does not commit by itself; CommitNow does (after the caller's check).
+  bool manual_commit = false;
+  int buffers = 2;  // 2: double buffering; 1: one half (a one-off writer)
   // Host memory for the buffer halves (the CUDA engine passes pinned memory); nullptr: new[].
   std::function<float*(size_t elements)> allocate;
   std::function<void(float*)> release;
@@ -192,6 +198,6 @@ class Checkpointer {
 Status ReadTensorRange(ObjectStore& store, const Manifest& manifest, const std::string& name, int64_t begin,
                        int64_t end, std::span<float> out);
 // The part list rank r writes for checkpoint `step`.
-std::string PartKey(int64_t step, int rank);
+std::string PartKey(int64_t step, int rank, const std::string& tag = "");
 
 }  // namespace tf::checkpoint

@@ -68,8 +68,6 @@ std::string RequestUrl(const S3Options& options, const std::string& bucket, cons
 std::string UriEncode(std::string_view s);
 // Decodes any percent-encoding; '+' becomes ' ' when plus_is_space (S3's encoding-type=url).
 std::string UriDecode(std::string_view s, bool plus_is_space = false);
-// SHA-256 of `data` as 64 lower-case hex digits.
-std::string Sha256Hex(std::string_view data);
 // The unescaped text of each <tag>…</tag> element in `xml`, in document order (entities &amp; &lt;
 // &gt; &quot; &apos; &#N; &#xN; decoded; CDATA kept verbatim).
 std::vector<std::string> XmlElementTexts(std::string_view xml, std::string_view tag);

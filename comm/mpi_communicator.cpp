@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/progress.h"
+
 #include "comm/mpi_util.h"
 
 namespace tf::comm {
@@ -173,6 +175,11 @@ Status MpiCommunicator::Wait(MPI_Request* req, const char* what, size_t bytes) {
       return MpiError(rc, what);
     }
     if (done) return Status::OK();
+    if (AbortRequested()) {
+      failed_ = true;
+      return Status::Unavailable("{} on rank {} of {}{} abandoned: {}", what, rank_, world_, ActivitySuffix(),
+                                 AbortReason());
+    }
     const auto now = Clock::now();
     if (now - start < kSpin) {
       std::this_thread::yield();

@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/dynlib.h"
+#include "base/progress.h"
 #include "comm/mpi_util.h"
 #include "kernels/cuda_runtime.h"
 
@@ -156,6 +157,12 @@ NcclCommunicator::~NcclCommunicator() {
   }
 }
 
+void NcclCommunicator::AbortNow() {
+  failed_ = true;
+  if (comm_ != nullptr) LoadNccl().CommAbort(static_cast<ncclComm_t>(comm_));
+  comm_ = nullptr;
+}
+
 Status NcclCommunicator::AllReduceSum(void* data, int64_t count, DataType dt) {
   const Nccl& n = LoadNccl();
   return Check(n.AllReduce(data, data, static_cast<size_t>(count), ToNccl(dt), ncclSum,
@@ -266,8 +273,14 @@ Status NcclCommunicator::Synchronize() {
       failed_ = true;
       return Status::Unavailable("NCCL reported an asynchronous error: {}", n.GetErrorString(async));
     }
+    if (AbortRequested()) {
+      AbortNow();
+      return Status::Unavailable("NCCL collectives on rank {} of {}{} abandoned: {}", rank_, world_, ActivitySuffix(),
+                                 AbortReason());
+    }
     if (Clock::now() > deadline) {
-      failed_ = true;
+      // Aborting ends the kernels still waiting for peers, so the device is usable again.
+      AbortNow();
       return Status::DeadlineExceeded("NCCL collectives on rank {} of {}{} did not complete within {:.0f} s "
                                       "(TRAINFLOW_COMM_TIMEOUT): a peer rank has probably died, hung or been stopped",
                                       rank_, world_, ActivitySuffix(), timeout_s_);

@@ -46,6 +46,8 @@ class NcclCommunicator final : public Communicator {
   Status Synchronize();
 
  private:
+  // Marks the communicator failed and aborts NCCL (its kernels waiting for peers end); idempotent.
+  void AbortNow();
   NcclCommunicator(int rank, int world, cudaStream_t stream) : Communicator(rank, world), stream_(stream) {}
   Status Check(int result, const char* what);
 

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "base/progress.h"
+
 namespace tf::comm {
 namespace {
 
@@ -237,6 +239,7 @@ void GradientReducer::ThreadMain() {
       std::lock_guard<std::mutex> lock(mu_);
       if (!s.ok() && error_.ok()) error_ = s;
       ++done_;
+      AdvanceProgress();
     }
     cv_.notify_all();
   }

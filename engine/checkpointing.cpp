@@ -7,7 +7,11 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "base/huge_pages.h"
+#include "base/progress.h"
 #include "comm/codec.h"
 #include "comm/process_group.h"
 #include "comm/reducer.h"
@@ -138,6 +142,7 @@ Status TrainCheckpointing::AfterStep(const double* reduced, StepStats& stats) {
       uncommitted_.pop_front();
     }
   }
+  if (topo.rank == 0) SetCommittedCheckpoint(ckpt_->stats().last_committed_step);
   if (topo.rank == 0 && trainer_.options().print_progress) {
     const checkpoint::CheckpointerStats s = ckpt_->stats();
     if (s.written > reported_) {
@@ -164,6 +169,7 @@ Status TrainCheckpointing::AfterStep(const double* reduced, StepStats& stats) {
 }
 
 Status TrainCheckpointing::Take(int64_t step, double* stall_ms, bool always) {
+  SetPhase(Phase::kCheckpoint);
   const double t0 = Now();
   Checkpointer::Snapshot* snap = ckpt_->Begin(step, always);
   if (snap == nullptr) return Status::OK();  // skipped (counted); ranks agreed it would not be
@@ -206,7 +212,86 @@ Status TrainCheckpointing::Take(int64_t step, double* stall_ms, bool always) {
   return Status::OK();
 }
 
+StatusOr<std::string> StateHash(Trainer& trainer) {
+  TF_ASSIGN_OR_RETURN(TrainState s, trainer.GetState());
+  XXH64_state_t* h = XXH64_createState();
+  if (h == nullptr) return Status::Internal("XXH64_createState failed");
+  XXH64_reset(h, 0);
+  for (const std::vector<float>* v : {&s.params, &s.adam_m, &s.adam_v}) {
+    XXH64_update(h, v->data(), v->size() * sizeof(float));
+  }
+  const int64_t position[4] = {s.step, s.data_rows, 0, 0};  // 32 bytes: xxhash reads in 32-byte stripes
+  XXH64_update(h, position, sizeof(position));
+  const uint64_t d = XXH64_digest(h);
+  XXH64_freeState(h);
+  return fmt::format("{:016x}", d);
+}
+
+StatusOr<TrainCheckpointing::Rescue> TrainCheckpointing::RescueWrite() {
+  SetPhase(Phase::kRescue);
+  const int64_t step = trainer_.step();
+  const auto [nr, ns] = trainer_.gradient_sync().state_sizes();
+  if (nr > 0 || ns > 0) {
+    return Status(StatusCode::kUnavailable,
+                  fmt::format("the state of step {} is not rescued: codec {} keeps error-feedback residuals, which "
+                              "the failed reduction may have half updated",
+                              step, trainer_.compression()));
+  }
+  Rescue r;
+  r.step = step;
+  TF_ASSIGN_OR_RETURN(r.hash, StateHash(trainer_));
+  // This rank's checkpoint writes in flight finish first (a commit queued before the failure too).
+  if (Status f = ckpt_->Flush(); !f.ok()) spdlog::warn("before the rescue: {}", f.ToString());
+  if (ckpt_->stats().last_committed_step == step || trainer_.resumed_checkpoint_step() == step) {
+    r.already = true;
+    return r;
+  }
+  if (auto m = checkpoint::ReadManifest(ckpt_->store(), step); m.ok()) {
+    r.already = true;
+    return r;
+  }
+  const checkpoint::CheckpointerOptions& regular = ckpt_->options();
+  checkpoint::CheckpointerOptions o;
+  o.rank = 0;
+  o.world = 1;
+  o.chunk_elements = regular.chunk_elements;
+  o.compress = regular.compress;
+  o.writer_threads = regular.writer_threads;
+  o.code_version = regular.code_version;
+  o.key_tag = "rescue";
+  o.manual_commit = true;
+  o.buffers = 1;
+  const int64_t P = trainer_.backend().layout().total();
+  std::vector<checkpoint::StateTensor> tensors = {{"params", P, -1}, {"adam.m", P, -1}, {"adam.v", P, -1}};
+  TF_ASSIGN_OR_RETURN(auto store, checkpoint::OpenStore(trainer_.config().checkpoint_dir, trainer_.env()));
+  TF_ASSIGN_OR_RETURN(rescue_, Checkpointer::Create(std::move(store), std::move(tensors), std::move(o)));
+  Checkpointer::Snapshot* snap = rescue_->Begin(step, /*always=*/true);
+  float* ptr[3] = {};
+  for (const Checkpointer::Slot& slot : snap->slots) {
+    const std::string& name = slot.tensor->name;
+    ptr[name == "params" ? 0 : name == "adam.m" ? 1 : 2] = slot.data.data();
+  }
+  TrainBackend& backend = trainer_.backend();
+  TF_RETURN_IF_ERROR(backend.SnapshotState(0, P, ptr[0], ptr[1], ptr[2]));
+  TF_RETURN_IF_ERROR(backend.WaitSnapshot());
+  json state = StateJson(trainer_.StateMeta(), trainer_.rows_per_step(), 0, 0);
+  state["weights_card"] = trainer_.Card().ToMetadata();
+  state["rescued"] = true;
+  rescue_->Submit(snap, std::move(state));
+  TF_RETURN_IF_ERROR(rescue_->Flush().WithContext(fmt::format("writing the rescue checkpoint of step {}", step)));
+  rescue_step_ = step;
+  return r;
+}
+
+Status TrainCheckpointing::RescueCommit() {
+  if (!rescue_ || rescue_step_ < 0) return Status::Internal("RescueCommit without RescueWrite");
+  TF_RETURN_IF_ERROR(rescue_->CommitNow(rescue_step_));
+  SetCommittedCheckpoint(rescue_step_);
+  return Status::OK();
+}
+
 Status TrainCheckpointing::CommitPending() {
+  SetPhase(Phase::kCheckpoint);
   Status mine = ckpt_->Flush();
   if (!mine.ok()) spdlog::error("checkpoint write failed: {}", mine.ToString());
   if (trainer_.topology().world > 1) {
@@ -249,6 +334,7 @@ StatusOr<bool> TrainCheckpointing::Finish(int64_t step) {
   }
   const checkpoint::CheckpointerStats s = ckpt_->stats();
   const bool committed = s.last_committed_step == step;
+  if (topo.rank == 0) SetCommittedCheckpoint(s.last_committed_step);
   if (topo.rank == 0 && trainer_.options().print_progress) {
     if (committed) {
       fmt::print("checkpoint step {} committed to {} ({} of state, {} stored; rank 0's part written in {:.2f} s; {} "

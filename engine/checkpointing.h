@@ -56,12 +56,29 @@ class TrainCheckpointing {
 
   const checkpoint::CheckpointerStats stats() const { return ckpt_->stats(); }
 
+  // After a failure that left this rank's state whole at trainer step() (docs/fault-tolerance.md
+  // "Rescue"): writes the whole state as a checkpoint of that step by this rank alone, under object
+  // names of its own, without committing it (the supervisor first compares the state's hash with a
+  // second survivor's). `already`: a checkpoint of this step is committed, nothing was written.
+  // FailedPrecondition when the state cannot be rescued (a lossy codec's error feedback, which a
+  // failure inside the reduction may have half updated). No collectives.
+  struct Rescue {
+    int64_t step = -1;
+    std::string hash;
+    bool already = false;
+  };
+  StatusOr<Rescue> RescueWrite();
+  // Commits what RescueWrite wrote.
+  Status RescueCommit();
+
  private:
   explicit TrainCheckpointing(Trainer& trainer) : trainer_(trainer) {}
   Status Take(int64_t step, double* stall_ms, bool always = false);
 
   Trainer& trainer_;
   std::unique_ptr<checkpoint::Checkpointer> ckpt_;
+  std::unique_ptr<checkpoint::Checkpointer> rescue_;  // RescueWrite's one-off writer
+  int64_t rescue_step_ = -1;
   std::deque<int64_t> uncommitted_;  // several ranks: begun, not yet committed (same on every rank)
   int64_t last_begun_ = -1;
   double last_time_ = 0;  // rank 0: steady clock of the last checkpoint (or the start)
@@ -74,6 +91,10 @@ class TrainCheckpointing {
 // `step`: set to the step resumed when the checkpoint is in the run's own checkpoint_dir.
 // `before_step` >= 0: only checkpoints of earlier steps (a rollback). `loaded`: the step loaded,
 // wherever it came from (-1 untouched when none).
+// XXH64 of the state that defines the trajectory (parameters, moments, step, data position) as
+// 16 hex digits: equal on every rank of a data-parallel job after each step.
+StatusOr<std::string> StateHash(Trainer& trainer);
+
 StatusOr<std::string> ResumeFromCheckpoint(Trainer& trainer, int64_t* step, int64_t before_step = -1,
                                            int64_t* loaded = nullptr);
 

@@ -21,8 +21,10 @@
 #include "engine/prepare.h"
 #include "engine/run_report.h"
 #include "engine/checkpoint_cli.h"
+#include "engine/launch_cli.h"
 #include "engine/sampler.h"
 #include "engine/train_config.h"
+#include "engine/rank_agent.h"
 #include "engine/trainer.h"
 #include "engine/weights_card.h"
 #include "kernels/matmul.h"
@@ -173,12 +175,26 @@ int CmdTrain(const std::string& model_path, const std::string& train_path, const
   Status s = LoadConfigs(model_path, train_path, extras, [&](json* t) {
     if (!init_from.empty()) (*t)["init_from"] = init_from;
   }, &model, &train, init_from);
-  if (!s.ok()) return Fail(s);
+  // Under `trainflow launch`: heartbeats from start-up on, and the rescue after a failure.
+  auto agent = RankAgent::FromEnvironment();
+  if (!agent.ok()) return Fail(agent.status());
+  auto fail = [&](Trainer* t, const Status& st) {
+    const int code = Fail(st);
+    if (!*agent) return code;
+    const int rc = (*agent)->Linger(t, st, code);
+    (*agent)->Finish(rc);
+    // No destructors: the trainer's communicator and threads wait for peers that are gone.
+    QuickExit(rc);
+    return rc;
+  };
+  if (!s.ok()) return fail(nullptr, s);
   auto trainer = Trainer::Create(model, train, Trainer::Options{});
-  if (!trainer.ok()) return Fail(trainer.status());
+  if (!trainer.ok()) return fail(nullptr, trainer.status());
   auto result = (*trainer)->Run();
-  if (!result.ok()) return Fail(result.status());
-  return result->stopped ? kExitStopped : kExitOk;
+  if (!result.ok()) return fail(trainer->get(), result.status());
+  const int rc = result->stopped ? kExitStopped : kExitOk;
+  if (*agent) (*agent)->Finish(rc);
+  return rc;
 }
 
 struct EvalArgs {
@@ -356,6 +372,29 @@ int CmdSample(SampleArgs a) {
 
 }  // namespace
 
+Status ResolveTrainCommand(const std::vector<std::string>& args, GPT2Config* model, TrainConfig* train) {
+  if (args.empty() || args[0] != "train") {
+    return Status::InvalidArgument("the command to supervise must be `train ...` (after --), got '{}'",
+                                   args.empty() ? "" : args[0]);
+  }
+  std::string model_path, train_path, init_from;
+  std::vector<std::string> extras;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    std::string* into = a == "--model" ? &model_path : a == "--train" ? &train_path : a == "--init-from" ? &init_from
+                                                                                                        : nullptr;
+    if (into != nullptr) {
+      if (i + 1 >= args.size()) return Status::InvalidArgument("train: {} has no value", a);
+      *into = args[++i];
+      continue;
+    }
+    extras.push_back(a);
+  }
+  return LoadConfigs(model_path, train_path, extras, [&](json* t) {
+    if (!init_from.empty()) (*t)["init_from"] = init_from;
+  }, model, train, init_from);
+}
+
 int RunCli(int argc, char** argv) {
   CLI::App app{"TrainFlow: a fault-tolerant GPT-2 training engine (CPU and CUDA backends)", "trainflow"};
   app.footer(kExitCodesHelp);
@@ -452,6 +491,7 @@ int RunCli(int argc, char** argv) {
 
   // env
   const auto checkpoints = AddCheckpointCommands(app);
+  const auto launch = AddLaunchCommands(app);
 
   auto* env = app.add_subcommand("env", "What this build is and finds here: CUDA, GPUs, cuBLASLt, NCCL, cuDNN, MPI");
 
@@ -582,6 +622,7 @@ int RunCli(int argc, char** argv) {
     return 0;
   }
 
+  if (LaunchCommandParsed(*launch)) return RunLaunchCommand(*launch);
   if (CheckpointCommandParsed(*checkpoints)) {
     const Status s = RunCheckpointCommand(*checkpoints);
     return s.ok() ? kExitOk : Fail(s);

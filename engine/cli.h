@@ -1,12 +1,23 @@
 // The `trainflow` command line (CLI11): train, prepare, eval, sample, export, report, checkpoint, env, bench.
 // Usage and every flag: `trainflow --help`, `trainflow <command> --help`; overview in README.md.
 #pragma once
+#include <string>
+#include <vector>
+
+#include "base/status.h"
 
 namespace tf {
+
+struct GPT2Config;
+struct TrainConfig;
 
 // Runs the command; returns the process exit code (base/status.h ExitCode: 0 done, 2 bad input,
 // 3 retryable communication failure, 4 I/O error, 5 stopped on request, 1 internal error).
 // Errors are logged to stderr as "trainflow: error: <message>".
 int RunCli(int argc, char** argv);
+
+// The configs of a `train ...` command line (args[0] == "train"), as `trainflow train` would resolve
+// them (for `trainflow launch`, which checks them before launching anything).
+Status ResolveTrainCommand(const std::vector<std::string>& args, GPT2Config* model, TrainConfig* train);
 
 }  // namespace tf

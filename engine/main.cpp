@@ -10,6 +10,7 @@
 #include "base/stop_signal.h"
 #include "comm/process_group.h"
 #include "engine/cli.h"
+#include "engine/rank_agent.h"
 
 int main(int argc, char** argv) {
   tf::LogOptions log;
@@ -17,7 +18,7 @@ int main(int argc, char** argv) {
   if (const char* level = std::getenv("TRAINFLOW_LOG_LEVEL")) log.level = level;
   if (const char* file = std::getenv("TRAINFLOW_LOG_FILE")) log.file = file;
   if (tf::Status s = tf::InitLogging(log); !s.ok()) spdlog::warn("{}", s.message());
-  tf::InstallStopSignalHandlers();
+  tf::InstallStopSignalHandlers(/*escalate=*/!tf::SupervisedProcess());
   // Library code reports errors as Status; this is the last line of defence against an exception
   // escaping from a dependency (e.g. allocation failure in a standard container).
   int rc = tf::kExitInternal;
@@ -30,6 +31,11 @@ int main(int argc, char** argv) {
   }
   // A rank that fails alone in a data-parallel job must take the job down: its peers may be
   // waiting in a collective it will never join (MPI_Finalize would wait for them in turn).
-  if (rc != tf::kExitOk && rc != tf::kExitStopped) tf::comm::AbortProcessGroupOnError(rc);
+  if (rc != tf::kExitOk && rc != tf::kExitStopped) {
+    // Under `trainflow launch` the supervisor tears the job down (after the survivors' rescue,
+    // which MPI_Abort would cut short); MPI_Finalize would wait for peers that are gone.
+    if (tf::SupervisedProcess()) tf::QuickExit(rc);
+    tf::comm::AbortProcessGroupOnError(rc);
+  }
   return rc;
 }

@@ -4,13 +4,16 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include "base/progress.h"
 #include "base/stop_signal.h"
 #include "engine/lr_schedule.h"
 #include "engine/monitoring.h"
@@ -51,6 +54,20 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
   if (train.threads > 0) omp_set_num_threads(train.threads);
   if (options.distributed) {
     TF_ASSIGN_OR_RETURN(t->topology_, comm::InitProcessGroup());
+  }
+  if (const char* hang = std::getenv("TRAINFLOW_TEST_HANG_AT")) {
+    // RANK:STEP[:FILE]: with FILE, only once (the file is created when the hang begins).
+    int rank = -1;
+    long long at = 0;
+    int used = 0;
+    if (std::sscanf(hang, "%d:%lld%n", &rank, &at, &used) != 2 || rank < 0 || at < 1 ||
+        (hang[used] != '\0' && hang[used] != ':')) {
+      return Status::InvalidArgument("TRAINFLOW_TEST_HANG_AT='{}': expected RANK:STEP[:FILE]", hang);
+    }
+    t->hang_marker_ = hang[used] == ':' ? std::string(hang + used + 1) : "";
+    if (rank == t->topology_.rank && (t->hang_marker_.empty() || ::access(t->hang_marker_.c_str(), F_OK) != 0)) {
+      t->hang_at_step_ = at;
+    }
   }
   const comm::Topology& topo = t->topology_;
   if (topo.world > 1) {
@@ -262,14 +279,17 @@ StatusOr<double> Trainer::MeanLoss(TrainBackend& backend, const DataLoader& load
   for (int64_t i = 0; i < n_batches; ++i) {
     loader.Load(i, inputs.data(), targets.data());
     TF_ASSIGN_OR_RETURN(float loss, backend.Forward(inputs.data(), targets.data(), loader.B(), loader.T()));
+    AdvanceProgress();
     sum += loss;
   }
   return n_batches > 0 ? sum / static_cast<double>(n_batches) : 0.0;
 }
 
 StatusOr<float> Trainer::Evaluate(const DataLoader& loader, int n_batches) {
+  SetPhase(Phase::kEval);
   TF_ASSIGN_OR_RETURN(double mean, MeanLoss(*backend_, loader, n_batches));
   if (data_parallel_) comm::SetActivity(fmt::format("evaluating after step {}", step_));
+  SetPhase(Phase::kCommunication);
   TF_RETURN_IF_ERROR(SumOverRanks(&mean, 1));
   return static_cast<float>(mean / topology_.world);
 }
@@ -286,15 +306,24 @@ StatusOr<StepStats> Trainer::Step() {
   TF_RETURN_IF_ERROR(backend_->ZeroGrad());
   sync_->BeginStep(step);
   for (int micro = 0; micro < accum; ++micro) {
+    SetPhase(Phase::kData);
     const auto td = Clock::now();
     train_data_->Load(data_step * accum + micro, inputs_.data(), targets_.data());
     s.data_ms += ms_since(td);
     // Gradient accumulation: only the last micro-step's backward produces final gradients.
     reduce_now_ = micro == accum - 1;
+    SetPhase(Phase::kCompute);
+    if (hang_at_step_ == step + 1) {
+      // A test hook (TRAINFLOW_TEST_HANG_AT): this rank hangs in the forward pass, heartbeating.
+      spdlog::warn("TRAINFLOW_TEST_HANG_AT: rank {} hangs in step {}", topology_.rank, step + 1);
+      if (!hang_marker_.empty()) (void)env_->WriteFileAtomically(hang_marker_, "hung\n");
+      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     TF_RETURN_IF_ERROR(backend_->ForwardBackwardAccumulate(inputs_.data(), targets_.data(), config_.batch_size,
                                                            config_.seq_len, 1.0f / static_cast<float>(accum)));
   }
   reduce_now_ = false;
+  SetPhase(Phase::kCommunication);
   if (data_parallel_) comm::SetActivity(fmt::format("step {}: reducing the gradients", step + 1));
   TF_RETURN_IF_ERROR(sync_->Finish());
   // The norm and the loss are read before the update (on a GPU, the step's one synchronisation), so
@@ -333,6 +362,7 @@ StatusOr<StepStats> Trainer::Step() {
   s.compute_ms = std::max(0.0, busy_ms - s.data_ms);
   // Every rank has the same loss and norm, so every rank reaches the same verdict.
   s.anomaly = guard_->Check(s.loss, s.grad_norm);
+  SetPhase(Phase::kOptimizer);
   if (!s.anomaly || s.anomaly->action == AnomalyAction::kWarn) {
     const auto to = Clock::now();
     TF_RETURN_IF_ERROR(backend_->ApplyUpdate(s.lr, step + 1));
@@ -343,11 +373,13 @@ StatusOr<StepStats> Trainer::Step() {
   s.ms = ms_since(t0);
   s.tokens_per_s = static_cast<double>(config_.tokens_per_step()) * topology_.world / (s.ms / 1000.0);
   step_ = step + 1;
+  SetStepsDone(step_);
   return s;
 }
 
 StatusOr<std::string> Trainer::SampleText() {
   if (!tokenizer_) return Status::Internal("SampleText without a tokenizer");
+  SetPhase(Phase::kSample);
   std::vector<int32_t> prompt = tokenizer_->Encode(config_.sample_prompt);
   if (prompt.empty()) {
     const int eot = tokenizer_->eot_token();
@@ -445,6 +477,7 @@ Status Trainer::SetState(const TrainState& s) {
   TF_RETURN_IF_ERROR(backend_->SetOptimizerState(s.adam_m, s.adam_v));
   TF_RETURN_IF_ERROR(sync_->SetState(s.ef_residual, s.ef_server));
   step_ = s.step;
+  SetStepsDone(step_);
   data_offset_ = s.data_rows / rows_per_step() - s.step;
   return Status::OK();
 }
@@ -575,6 +608,8 @@ StatusOr<TrainResult> Trainer::Run() {
   result_ = TrainResult{};
   const int64_t max_steps = config_.max_steps;
   for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnStart(*this));
+  SetStepsDone(step_);
+  SetStartStep(step_);
   bool stopped = false;
   while (step_ < max_steps) {
     TF_ASSIGN_OR_RETURN(StepStats s, Step());
@@ -602,6 +637,7 @@ StatusOr<TrainResult> Trainer::Run() {
   result_.stopped = stopped;
   // The final checkpoint (a failed one is reported, and the outputs are still written).
   if (checkpointing_) {
+    SetPhase(Phase::kCheckpoint);
     TF_ASSIGN_OR_RETURN(final_checkpoint_, checkpointing_->Finish(step_));
   }
   for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnEnd(*this, result_));
@@ -610,6 +646,7 @@ StatusOr<TrainResult> Trainer::Run() {
 }
 
 Status Trainer::WriteOutputs(const TrainResult& result) {
+  SetPhase(Phase::kFinishing);
   // Every rank saves its state when asked (stops always save it: a stopped run is meant to resume).
   // (A stopped run whose final checkpoint failed keeps its state this way too.)
   if (config_.save_state || (result.stopped && !final_checkpoint_)) {

@@ -161,6 +161,8 @@ class Trainer {
   TrainResult& result() { return result_; }
   // Barrier after rank-0-only work (sampling), without the collective deadline.
   Status WaitForRankZero();
+  // The run's checkpoints (nullptr without a checkpoint_dir).
+  TrainCheckpointing* checkpointing() { return checkpointing_.get(); }
   // The checkpointer's counters (nullopt without checkpoints).
   std::optional<checkpoint::CheckpointerStats> checkpoint_stats() const;
   // Steps of data skipped by rollbacks: step s reads the data of step s + data_offset().
@@ -221,6 +223,8 @@ class Trainer {
   std::vector<double> reduce_buf_;  // the step's reduction
   std::optional<AnomalyGuard> guard_;
   int consecutive_skips_ = 0;
+  int64_t hang_at_step_ = 0;  // TRAINFLOW_TEST_HANG_AT (tests of the supervisor): hang in this step
+  std::string hang_marker_;   // ... once: created when the hang begins
   int rollbacks_ = 0;
 };
 

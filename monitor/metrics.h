@@ -66,7 +66,20 @@ struct RunInfo {
   std::vector<std::pair<std::string, std::string>> anomaly_series;
 };
 
-class Monitor {
+// What MetricsServer (monitor/server.h) serves: the Prometheus exposition and, when dashboard() is
+// true, the dashboard's JSON API. Implementations are read from the server's threads.
+class MetricsSource {
+ public:
+  virtual ~MetricsSource() = default;
+  virtual std::string Exposition() const = 0;
+  virtual bool dashboard() const { return false; }  // "/", /chart.js, /api/steps|events|ranks
+  virtual std::string RunJson() const = 0;
+  virtual std::string StepsJson(int64_t after) const { return "[]"; }
+  virtual std::string EventsJson(int64_t after_id) const { return "[]"; }
+  virtual std::string RanksJson() const { return "{}"; }
+};
+
+class Monitor : public MetricsSource {
  public:
   static constexpr size_t kMaxRecords = 20000;
   static constexpr size_t kMaxEvents = 1000;  // besides at most kMaxSamples "sample" events
@@ -89,12 +102,13 @@ class Monitor {
   void SetStatus(const std::string& status);  // running, finished, stopped, failed
 
   // Prometheus text exposition of the registry and every added collectable.
-  std::string Exposition() const;
+  std::string Exposition() const override;
   void AddCollectable(std::shared_ptr<prometheus::Collectable> c);
-  std::string RunJson() const;
-  std::string StepsJson(int64_t after) const;
-  std::string EventsJson(int64_t after_id) const;
-  std::string RanksJson() const;
+  bool dashboard() const override { return true; }
+  std::string RunJson() const override;
+  std::string StepsJson(int64_t after) const override;
+  std::string EventsJson(int64_t after_id) const override;
+  std::string RanksJson() const override;
 
  private:
   struct Event {

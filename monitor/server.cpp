@@ -164,7 +164,7 @@ struct BindFailure {
 }  // namespace
 
 struct MetricsServer::Impl {
-  const Monitor* monitor = nullptr;
+  const MetricsSource* monitor = nullptr;
   ServerOptions options;
   bool loopback = true;
   int listen_fd = -1;
@@ -271,7 +271,12 @@ struct MetricsServer::Impl {
     if (!ParseHead(head, &req)) {
       res = Response{400, "text/plain; charset=utf-8", "bad request\n", {}};
     } else {
-      Route(req, &res);
+      // A source's failure (an allocation, a malformed snapshot) answers 500; it must not end the process.
+      try {
+        Route(req, &res);
+      } catch (const std::exception& e) {
+        res = Response{500, "text/plain; charset=utf-8", std::string("internal error: ") + e.what() + "\n", {}};
+      }
     }
     Send(fd, res, req.method == "HEAD");
   }
@@ -299,7 +304,10 @@ struct MetricsServer::Impl {
       }
     }
     const std::string& p = req.path;
-    if (p == "/") {
+    const bool ui = monitor->dashboard();
+    if (!ui && p != "/metrics" && p != "/api/run") {
+      *res = Response{404, "text/plain; charset=utf-8", "not found\n", {}};
+    } else if (p == "/") {
       *res = Response{200, "text/html; charset=utf-8", std::string(DashboardHtml()),
                       {{"Content-Security-Policy",
                         "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
@@ -429,7 +437,7 @@ std::string MetricsServer::url() const {
 
 MetricsServer::~MetricsServer() = default;  // Impl's destructor stops and joins
 
-StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Monitor* monitor, const ServerOptions& o) {
+StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsSource* monitor, const ServerOptions& o) {
   if (o.threads < 1 || o.queue < 1 || o.timeout_s < 1 || o.port_tries < 1 || o.port_stride < 1) {
     return Status::InvalidArgument("metrics server options out of range");
   }

@@ -1,6 +1,7 @@
 // MetricsServer: the HTTP endpoint of one rank — /metrics (Prometheus text), the dashboard (/,
 // /chart.js) and its JSON API (/api/run, /api/steps, /api/events, /api/ranks), all read from a
-// Monitor (monitor/metrics.h). Paths and formats: docs/monitoring.md.
+// MetricsSource (monitor/metrics.h: a rank's Monitor; the supervisor serves /metrics and /api/run
+// only). Paths and formats: docs/monitoring.md.
 //
 // Safety: binds 127.0.0.1 unless told otherwise; GET and HEAD only (others 405); no other paths
 // (404); with a token, every request must carry "Authorization: Bearer <token>" or ?token=<token>
@@ -12,7 +13,7 @@
 // process, or keep the server from stopping.
 //
 // Lifetime: Start() binds and starts serving; the destructor shuts down every connection and joins
-// every thread (within a moment). The Monitor must outlive the server. Thread safety: port()/url()
+// every thread (within a moment). The source must outlive the server. Thread safety: port()/url()
 // from any thread.
 #pragma once
 #include <memory>
@@ -43,7 +44,7 @@ StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 class MetricsServer {
  public:
-  static StatusOr<std::unique_ptr<MetricsServer>> Start(const Monitor* monitor, const ServerOptions& options);
+  static StatusOr<std::unique_ptr<MetricsServer>> Start(const MetricsSource* source, const ServerOptions& options);
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;

@@ -15,6 +15,7 @@
 #include "base/dynlib.h"
 #include "base/status.h"
 #include "monitor/nvml_api.h"
+#include "monitor/prometheus_util.h"
 
 namespace tf::monitor {
 namespace {
@@ -75,32 +76,6 @@ double CpuSeconds() {
   if (getrusage(RUSAGE_SELF, &ru) != 0) return -1;
   auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
   return seconds(ru.ru_utime) + seconds(ru.ru_stime);
-}
-
-MetricFamily Family(const char* name, const char* help, MetricType type) {
-  MetricFamily f;
-  f.name = name;
-  f.help = help;
-  f.type = type;
-  return f;
-}
-
-void AddSample(MetricFamily* f, double value, std::vector<ClientMetric::Label> labels) {
-  ClientMetric m;
-  m.label = std::move(labels);
-  if (f->type == MetricType::Counter) {
-    m.counter.value = value;
-  } else {
-    m.gauge.value = value;
-  }
-  f->metric.push_back(std::move(m));
-}
-
-MetricFamily Single(const char* name, const char* help, MetricType type, double value,
-                    std::vector<ClientMetric::Label> labels = {}) {
-  MetricFamily f = Family(name, help, type);
-  AddSample(&f, value, std::move(labels));
-  return f;
 }
 
 template <typename Fn>

@@ -1,0 +1,273 @@
+#include "engine/launch_cli.h"
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/cli.h"
+#include "engine/supervisor.h"
+#include "engine/train_config.h"
+#include "model/config.h"
+#include "monitor/system_metrics.h"
+
+namespace tf {
+
+struct LaunchCommands {
+  CLI::App* launch = nullptr;
+  CLI::App* health = nullptr;
+  std::string hostfile, state_dir, heartbeat_addr, health_command, mpirun = "mpirun", mpirun_args, rsh_agent;
+  std::string metrics_addr = "127.0.0.1:9460";
+  int np = 0, min_ranks = 1, max_ranks = 0, max_restarts = 10, quarantine_after = 3;
+  double heartbeat_interval = 1.0, quarantine_window = 3600, health_interval = 30, startup_timeout = 300,
+         rescue_timeout = 60, backoff_max = 60, backoff_reset = 300;
+  std::string hang_timeouts;
+  std::vector<std::string> command;
+  bool status = false, json = false;
+  // health
+  std::vector<std::string> dirs;
+  double min_free_gb = 1.0;
+  bool quiet = false;
+};
+
+namespace {
+
+using launch::LaunchOptions;
+
+std::string SelfExe() {
+  std::error_code ec;
+  const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("trainflow") : p.string();
+}
+
+Status ParseHangTimeouts(const std::string& list, LaunchOptions* o) {
+  std::vector<std::string> specs;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) specs.push_back(item);
+  }
+  for (const std::string& spec : specs) {
+    const size_t eq = spec.find('=');
+    const std::string name = eq == std::string::npos ? "" : spec.substr(0, eq);
+    const std::string value = eq == std::string::npos ? spec : spec.substr(eq + 1);
+    char* end = nullptr;
+    const double s = std::strtod(value.c_str(), &end);
+    if (value.empty() || end == value.c_str() || *end != '\0' || !(s > 0 && s <= 1e6)) {
+      return Status::InvalidArgument("--hang-timeout '{}': expected [PHASE=]SECONDS with 0 < SECONDS <= 1e6", spec);
+    }
+    if (name.empty()) {
+      // Every phase of the step loop.
+      for (Phase p : {Phase::kData, Phase::kCompute, Phase::kCommunication, Phase::kOptimizer}) o->hang_timeouts[p] = s;
+      continue;
+    }
+    Phase p;
+    if (!ParsePhase(name, &p)) {
+      std::string names;
+      for (int i = 0; i < kNumPhases; ++i) names += fmt::format("{}{}", i ? ", " : "", PhaseName(static_cast<Phase>(i)));
+      return Status::InvalidArgument("--hang-timeout '{}': unknown phase '{}' (phases: {})", spec, name, names);
+    }
+    o->hang_timeouts[p] = s;
+  }
+  return Status::OK();
+}
+
+int Fail(const Status& s) {
+  spdlog::error("{}", s.ToString());
+  return ExitCodeFor(s.code());
+}
+
+int RunLaunch(const LaunchCommands& c) {
+  if (c.status) {
+    if (c.state_dir.empty()) return Fail(Status::InvalidArgument("--status needs --state-dir"));
+    const Status s = launch::PrintLaunchStatus(c.state_dir, c.json);
+    return s.ok() ? kExitOk : Fail(s);
+  }
+  LaunchOptions o;
+  if (c.command.empty()) {
+    return Fail(Status::InvalidArgument("no command to supervise: trainflow launch [options] -- train --model ..."));
+  }
+  o.train_args = c.command;
+  GPT2Config model;
+  TrainConfig train;
+  // A bad configuration stops here, before anything is launched.
+  if (Status s = ResolveTrainCommand(o.train_args, &model, &train); !s.ok()) return Fail(s);
+  if (!c.hostfile.empty() && c.np > 0) return Fail(Status::InvalidArgument("give --hostfile or --np, not both"));
+  if (!c.hostfile.empty()) {
+    std::ifstream f(c.hostfile);
+    if (!f) return Fail(Status::NotFound("cannot read the hostfile '{}'", c.hostfile));
+    std::stringstream text;
+    text << f.rdbuf();
+    auto hosts = launch::ParseHostfile(text.str(), c.hostfile);
+    if (!hosts.ok()) return Fail(hosts.status());
+    o.hosts = *hosts;
+    o.hostfile = c.hostfile;
+  } else {
+    o.hosts = {{"localhost", c.np > 0 ? c.np : 1}};
+  }
+  o.min_ranks = c.min_ranks;
+  o.max_ranks = c.max_ranks;
+  if (o.max_ranks > 0 && o.max_ranks < o.min_ranks) {
+    return Fail(Status::InvalidArgument("--max-ranks {} < --min-ranks {}", o.max_ranks, o.min_ranks));
+  }
+  o.max_restarts = c.max_restarts;
+  o.heartbeat_interval_s = c.heartbeat_interval;
+  if (Status s = ParseHangTimeouts(c.hang_timeouts, &o); !s.ok()) return Fail(s);
+  o.startup_timeout_s = c.startup_timeout;
+  o.rescue_timeout_s = c.rescue_timeout;
+  o.quarantine.max_failures = c.quarantine_after;
+  o.quarantine.window_s = c.quarantine_window;
+  o.backoff.max_s = c.backoff_max;
+  o.backoff.reset_after_s = c.backoff_reset;
+  o.health_command = c.health_command;
+  o.health_interval_s = c.health_interval;
+  o.mpirun = c.mpirun;
+  std::istringstream words(c.mpirun_args);
+  for (std::string w; words >> w;) o.mpirun_args.push_back(w);
+  o.rsh_agent = c.rsh_agent;
+  o.metrics_addr = c.metrics_addr;
+  o.trainflow = SelfExe();
+  o.global_rows = int64_t{train.batch_size} * train.grad_accum_steps * std::max(1, launch::TotalSlots(o.hosts));
+  if (o.max_ranks > 0) o.global_rows = int64_t{train.batch_size} * train.grad_accum_steps * o.max_ranks;
+  o.max_batch_size = train.batch_size;
+  o.has_checkpoints = !train.checkpoint_dir.empty();
+  if (!o.has_checkpoints) {
+    spdlog::warn("the job has no checkpoint_dir: a restart after a failure starts from step 0");
+  }
+  // Where ranks reach the supervisor: loopback when every host is this machine, else it must be said.
+  bool all_local = true;
+  for (const auto& h : o.hosts) all_local = all_local && (h.name == "localhost" || h.name.starts_with("127."));
+  if (!c.heartbeat_addr.empty()) {
+    const size_t colon = c.heartbeat_addr.rfind(':');
+    const bool has_port = colon != std::string::npos && c.heartbeat_addr.find(']') < colon;
+    const bool v4_port = colon != std::string::npos && c.heartbeat_addr.find(':') == colon;
+    if (has_port || v4_port) {
+      o.heartbeat_host = c.heartbeat_addr.substr(0, colon);
+      if (o.heartbeat_host.starts_with("[")) o.heartbeat_host = o.heartbeat_host.substr(1, o.heartbeat_host.size() - 2);
+      o.heartbeat_port = std::atoi(c.heartbeat_addr.c_str() + colon + 1);
+    } else {
+      o.heartbeat_host = c.heartbeat_addr;
+    }
+  } else if (!all_local) {
+    return Fail(Status::InvalidArgument("the hosts are not all this machine: --heartbeat-addr must give an address of "
+                                        "this machine that every host can reach"));
+  }
+  o.state_dir = !c.state_dir.empty() ? c.state_dir : train.out_dir + "/launch";
+  return launch::RunSupervisor(o);
+}
+
+// `trainflow health`: can a rank start here (this process did), free space where the run writes, and
+// the GPUs NVML sees without uncorrected ECC errors.
+int RunHealth(const LaunchCommands& c) {
+  std::vector<std::string> problems;
+  std::vector<std::string> dirs = c.dirs.empty() ? std::vector<std::string>{"."} : c.dirs;
+  for (const std::string& d : dirs) {
+    if (d.starts_with("s3://")) continue;
+    std::string probe = d;
+    std::error_code ec;
+    while (!probe.empty() && !std::filesystem::exists(probe, ec)) probe = std::filesystem::path(probe).parent_path();
+    if (probe.empty()) probe = ".";
+    struct statvfs st{};
+    if (::statvfs(probe.c_str(), &st) != 0) {
+      problems.push_back(fmt::format("cannot stat the file system of '{}'", d));
+      continue;
+    }
+    const double free_gb = static_cast<double>(st.f_bavail) * st.f_frsize / 1e9;
+    if (free_gb < c.min_free_gb) {
+      problems.push_back(fmt::format("'{}' has {:.2f} GB free, less than {:.2f} GB", d, free_gb, c.min_free_gb));
+    }
+  }
+  std::string gpus;
+  for (int i = 0; i < 64; ++i) {
+    monitor::GpuSelection sel;
+    sel.nvml_index = i;
+    monitor::SystemCollector collector(sel);
+    if (collector.gpu_status().starts_with("no NVML")) break;  // a host without GPUs
+    if (collector.gpu_status().find("GPU " + std::to_string(i)) == std::string::npos) break;
+    for (const auto& family : collector.Collect()) {
+      if (family.name != "trainflow_gpu_ecc_errors_total") continue;
+      for (const auto& m : family.metric) {
+        bool uncorrected = false;
+        for (const auto& l : m.label) uncorrected = uncorrected || (l.name == "type" && l.value == "uncorrected");
+        if (uncorrected && m.counter.value > 0) {
+          problems.push_back(fmt::format("GPU {} has {} uncorrected ECC error(s)", i, m.counter.value));
+        }
+      }
+    }
+    gpus += fmt::format("{}GPU {}", gpus.empty() ? "" : ", ", i);
+  }
+  const char* host = std::getenv("TRAINFLOW_HOST");
+  if (!problems.empty()) {
+    for (const std::string& p : problems) fmt::print(stderr, "unhealthy: {}\n", p);
+    return kExitIOError;
+  }
+  if (!c.quiet) {
+    fmt::print("healthy{}: {}{}\n", host != nullptr ? fmt::format(" ({})", host) : "", gpus.empty() ? "no GPU" : gpus,
+               fmt::format(", {} dir(s) with >= {:.2f} GB free", dirs.size(), c.min_free_gb));
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+std::shared_ptr<LaunchCommands> AddLaunchCommands(CLI::App& app) {
+  auto c = std::make_shared<LaunchCommands>();
+  auto* l = app.add_subcommand(
+      "launch", "Supervise a training job: heartbeats, automatic restart, elastic resize, host quarantine "
+                "(docs/fault-tolerance.md): trainflow launch --hostfile H -- train --model ...");
+  c->launch = l;
+  l->add_option("--hostfile", c->hostfile, "Open MPI hostfile (\"host slots=N\" lines); re-read when it changes");
+  l->add_option("--np", c->np, "Ranks on this machine (instead of --hostfile)")->check(CLI::Range(1, 4096));
+  l->add_option("--min-ranks", c->min_ranks, "Fewest ranks to continue with")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  l->add_option("--max-ranks", c->max_ranks, "Most ranks (default: every slot; the global batch is this many ranks')")
+      ->check(CLI::Range(1, 1 << 20));
+  l->add_option("--max-restarts", c->max_restarts, "Restart budget")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  l->add_option("--state-dir", c->state_dir, "The supervisor's state (default: OUT_DIR/launch)");
+  l->add_option("--heartbeat-interval", c->heartbeat_interval, "Seconds between heartbeats (a dead rank is found within two)")
+      ->check(CLI::Range(0.05, 60.0))
+      ->capture_default_str();
+  l->add_option("--heartbeat-addr", c->heartbeat_addr,
+                "HOST[:PORT] the ranks reach the supervisor at (default 127.0.0.1 when every host is this machine)");
+  l->add_option("--hang-timeout", c->hang_timeouts,
+                "[PHASE=]SECONDS[,...] without progress before a rank counts as hung (no PHASE: the step's "
+                "phases), e.g. 30 or compute=60,checkpoint=900; defaults in docs/fault-tolerance.md")
+;
+  l->add_option("--startup-timeout", c->startup_timeout, "Seconds for every rank to start")->capture_default_str();
+  l->add_option("--rescue-timeout", c->rescue_timeout, "Seconds for a survivor to save its state")->capture_default_str();
+  l->add_option("--quarantine-after", c->quarantine_after, "Failures of a host within the window that quarantine it")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  l->add_option("--quarantine-window", c->quarantine_window, "Seconds")->capture_default_str();
+  l->add_option("--health-check", c->health_command,
+                "Shell command run on a quarantined host (with `trainflow health`); exit 0 readmits it");
+  l->add_option("--health-interval", c->health_interval, "Seconds between health checks")->capture_default_str();
+  l->add_option("--backoff-max", c->backoff_max, "Longest wait before a restart (seconds)")->capture_default_str();
+  l->add_option("--backoff-reset", c->backoff_reset, "A job healthy this long resets the backoff (seconds)")
+      ->capture_default_str();
+  l->add_option("--mpirun", c->mpirun, "The launcher")->capture_default_str();
+  l->add_option("--mpirun-args", c->mpirun_args, "Extra mpirun arguments, space-separated (MCA settings)");
+  l->add_option("--rsh-agent", c->rsh_agent, "Remote shell for other hosts (Open MPI's plm_rsh_agent; default ssh)");
+  l->add_option("--metrics-addr", c->metrics_addr,
+                "The supervisor's Prometheus endpoint HOST:PORT (restarts, failures, downtime, effective training "
+                "ratio); \"off\": none; a port in use moves on")
+      ->capture_default_str();
+  l->add_flag("--status", c->status, "Print the hosts, the job and the incidents of --state-dir, and exit");
+  l->add_flag("--json", c->json, "With --status: as JSON");
+  l->add_option("command", c->command, "-- train --model ... (the job)");
+  auto* h = app.add_subcommand("health", "Host health check: free disk, GPUs visible without ECC errors (exit 0: healthy)");
+  c->health = h;
+  h->add_option("--dir", c->dirs, "A directory the run writes (repeatable; default .)");
+  h->add_option("--min-free-gb", c->min_free_gb, "Least free space")->capture_default_str();
+  h->add_flag("--quiet", c->quiet, "No output when healthy");
+  return c;
+}
+
+bool LaunchCommandParsed(const LaunchCommands& c) { return c.launch->parsed() || c.health->parsed(); }
+
+int RunLaunchCommand(const LaunchCommands& c) { return c.launch->parsed() ? RunLaunch(c) : RunHealth(c); }
+
+}  // namespace tf

@@ -1,0 +1,65 @@
+// RankAgent: a rank's side of `trainflow launch` (engine/supervisor.h; docs/fault-tolerance.md).
+// Exists only when the supervisor started the process (TRAINFLOW_SUPERVISOR and
+// TRAINFLOW_SUPERVISOR_SECRET set): a heartbeat thread (monitor/heartbeat.h) reports the rank's
+// phase, step and progress (base/progress.h) every interval, from start-up on, whatever the
+// training thread is blocked in. Commands from the supervisor: "abort" (every wait for peers gives
+// up: the training thread unwinds with Unavailable), "stop" (as SIGTERM: finish the step, write a
+// checkpoint, exit 5), "exit" (a process of an older launch: leave at once).
+//
+// After a failure the training thread calls Linger: it reports the failure and the step whose
+// state it still holds, then serves the supervisor's rescue commands — write that state as a
+// checkpoint, or hash it for a cross-check, then commit or discard — until told to exit (or
+// linger_s passes). Environment: TRAINFLOW_SUPERVISOR (HOST:PORT), TRAINFLOW_SUPERVISOR_SECRET,
+// TRAINFLOW_LAUNCH_GENERATION, TRAINFLOW_HOST (the host name the supervisor gave), and
+// TRAINFLOW_HEARTBEAT_INTERVAL (seconds, default 1). Thread safety: the training thread calls the
+// methods; the command handler runs on the heartbeat thread.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "monitor/heartbeat.h"
+
+namespace tf {
+
+class Trainer;
+
+// Whether `trainflow launch` started this process (TRAINFLOW_SUPERVISOR is set).
+bool SupervisedProcess();
+// Ends a supervised process after a failure at once: flushes the logs, runs no destructors (the
+// communicator and its threads would wait for peers that are gone) and skips MPI_Finalize.
+[[noreturn]] void QuickExit(int code);
+
+class RankAgent {
+ public:
+  // nullptr without a supervisor; an error when its variables are malformed.
+  static StatusOr<std::unique_ptr<RankAgent>> FromEnvironment();
+  ~RankAgent();
+  RankAgent(const RankAgent&) = delete;
+  RankAgent& operator=(const RankAgent&) = delete;
+
+  // The run failed with `failure` (exit code `code`); `trainer` may be null (it failed to start).
+  // Reports it and serves rescue commands. Returns the exit code to use.
+  int Linger(Trainer* trainer, const Status& failure, int code);
+  // The process ends with `code` (after a success, a stop or a failure): tells the supervisor.
+  void Finish(int code);
+
+  // How long Linger waits for the supervisor (seconds).
+  static constexpr double kLingerS = 30;
+
+ private:
+  RankAgent() = default;
+  void OnCommand(const nlohmann::json& command);
+
+  std::unique_ptr<monitor::HeartbeatClient> client_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<nlohmann::json> commands_;  // guarded by mu_: rescue commands for Linger
+  bool lingering_ = false;               // guarded by mu_
+};
+
+}  // namespace tf

@@ -1,0 +1,65 @@
+// The supervisor of `trainflow launch` (docs/fault-tolerance.md): runs a data-parallel training job
+// over the healthy hosts of a hostfile through mpirun, watches every rank through authenticated
+// heartbeats (monitor/heartbeat.h, engine/rank_agent.h), and after a failure — a rank dead, hung,
+// stopped or cut off, or the launcher failing — names it in the log and the incident log, has a
+// survivor save the state of the last completed step, tears the job down host by host, and starts
+// it again from the newest valid checkpoint on the hosts that remain healthy (elastic between
+// min_ranks and max_ranks, keeping the global batch), within a restart budget with backoff. A host
+// is quarantined after K failures within a window and readmitted only after a health check.
+// A bad configuration or input stops the job at once (exit code 2); it is never retried.
+//
+// State lives in state_dir (owner-only): the lock that keeps a second supervisor out, the job
+// secret, state.json (hosts, restarts, the running job's mpirun and ports) and incidents.jsonl. A
+// supervisor killed and started again with the same arguments adopts the job still running (its
+// ranks reconnect) or, when it is gone, resumes from the checkpoint. Thread safety: one thread.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/progress.h"
+#include "base/status.h"
+#include "engine/launch_policy.h"
+
+namespace tf::launch {
+
+struct LaunchOptions {
+  std::vector<HostEntry> hosts;      // the hostfile's
+  std::string hostfile;              // re-read when it changes ("" = the hosts are fixed)
+  int min_ranks = 1;
+  int max_ranks = 0;                 // 0: every healthy slot
+  int max_restarts = 10;
+  std::string state_dir;
+  double heartbeat_interval_s = 1.0;
+  std::string heartbeat_host = "127.0.0.1";  // where ranks reach the supervisor
+  int heartbeat_port = 0;                     // 0: any free port
+  // Progress timeouts by phase (seconds); phases not given use the defaults of docs/fault-tolerance.md.
+  std::map<Phase, double> hang_timeouts;
+  double startup_timeout_s = 300;    // launch to every rank's first heartbeat
+  double rescue_timeout_s = 60;      // the survivors' state write
+  QuarantinePolicy quarantine;
+  BackoffPolicy backoff;
+  std::string health_command;        // run on a quarantined host (through the remote shell); 0 = healthy
+  double health_interval_s = 30;
+  std::string mpirun = "mpirun";
+  std::vector<std::string> mpirun_args;  // extra arguments (MCA settings)
+  std::string rsh_agent;             // Open MPI's plm_rsh_agent and the supervisor's remote shell ("" = ssh)
+  std::string trainflow;             // the ranks' binary
+  std::vector<std::string> train_args;   // "train ..." after "--"
+  int64_t global_rows = 0;           // the job's ranks x batch_size x grad_accum_steps
+  int max_batch_size = 0;            // the configured batch_size: no rank gets a larger one
+  bool has_checkpoints = false;      // the job has a checkpoint_dir (else no rescue, no resume)
+  std::string metrics_addr = "127.0.0.1:9460";  // the supervisor's /metrics ("off": none)
+};
+
+// Runs the job to its end; returns the exit code (0 done, 2 bad input, 3 budget exhausted or
+// unrecoverable, 5 stopped by SIGINT/SIGTERM).
+int RunSupervisor(const LaunchOptions& options);
+
+// `trainflow launch --status`: the hosts, their state, the job and the incidents, from state_dir.
+Status PrintLaunchStatus(const std::string& state_dir, bool as_json);
+
+// The default progress timeout of a phase (seconds).
+double DefaultHangTimeout(Phase phase);
+
+}  // namespace tf::launch

@@ -1,0 +1,569 @@
+#include "monitor/heartbeat.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "base/progress.h"
+#include "base/sha256.h"
+#include "monitor/server.h"
+
+namespace tf::monitor {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kGreeting[] = "trainflow-heartbeat 1 ";
+constexpr double kAuthDeadlineS = 5.0;
+constexpr int kMaxConnections = 4096;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+bool IsHex(const std::string& s) {
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return !s.empty();
+}
+
+void SetNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
+
+// Writes all of `data` to a non-blocking socket within `deadline_s`; false on error or timeout.
+bool WriteAll(int fd, const std::string& data, double deadline_s) {
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s));
+  size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    const double left = Seconds(end - Clock::now());
+    if (left <= 0) return false;
+    pollfd p{fd, POLLOUT, 0};
+    ::poll(&p, 1, static_cast<int>(left * 1000) + 1);
+  }
+  return true;
+}
+
+// Reads what is available into `buf`; false on EOF or error.
+bool ReadSome(int fd, std::string* buf, std::string* error) {
+  char tmp[8192];
+  while (true) {
+    const ssize_t n = ::recv(fd, tmp, sizeof(tmp), 0);
+    if (n > 0) {
+      buf->append(tmp, static_cast<size_t>(n));
+      if (n < static_cast<ssize_t>(sizeof(tmp))) return true;
+      continue;
+    }
+    if (n == 0) {
+      *error = "connection closed";
+      return false;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+    if (errno == EINTR) continue;
+    *error = std::strerror(errno);
+    return false;
+  }
+}
+
+// Splits complete lines off `buf`; false when a line is too long.
+bool TakeLines(std::string* buf, std::vector<std::string>* lines) {
+  size_t start = 0;
+  while (true) {
+    const size_t nl = buf->find('\n', start);
+    if (nl == std::string::npos) break;
+    lines->push_back(buf->substr(start, nl - start));
+    start = nl + 1;
+  }
+  buf->erase(0, start);
+  return buf->size() <= kMaxHeartbeatLine;
+}
+
+}  // namespace
+
+// ---- Session ---------------------------------------------------------------------------------
+
+HeartbeatSession::HeartbeatSession(const std::string& secret, const std::string& server_nonce,
+                                   const std::string& client_nonce, bool is_server)
+    : key_(HmacSha256Hex(secret, server_nonce + " " + client_nonce)),
+      send_dir_(is_server ? 's' : 'c'),
+      recv_dir_(is_server ? 'c' : 's') {}
+
+std::string HeartbeatSession::Seal(const json& body) {
+  const std::string text = body.dump();
+  const uint64_t seq = ++send_seq_;
+  const std::string mac = HmacSha256Hex(key_, fmt::format("{} {} {}", send_dir_, seq, text));
+  return fmt::format("{} {} {}\n", mac, seq, text);
+}
+
+StatusOr<json> HeartbeatSession::Open(const std::string& line) {
+  const size_t a = line.find(' ');
+  const size_t b = a == std::string::npos ? a : line.find(' ', a + 1);
+  if (b == std::string::npos) return Status::InvalidArgument("not a heartbeat frame");
+  const std::string mac = line.substr(0, a), seq_text = line.substr(a + 1, b - a - 1), text = line.substr(b + 1);
+  uint64_t seq = 0;
+  try {
+    size_t used = 0;
+    seq = std::stoull(seq_text, &used);
+    if (used != seq_text.size()) throw std::invalid_argument("seq");
+  } catch (const std::exception&) {
+    return Status::InvalidArgument("a heartbeat frame with a bad sequence number");
+  }
+  const std::string want = HmacSha256Hex(key_, fmt::format("{} {} {}", recv_dir_, seq, text));
+  if (!ConstantTimeEqual(mac, want)) return Status::InvalidArgument("a heartbeat frame with a wrong MAC");
+  if (seq != recv_seq_ + 1) {
+    return Status::InvalidArgument("a heartbeat frame out of sequence ({} after {}): replayed or lost", seq,
+                                   recv_seq_);
+  }
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object()) return Status::InvalidArgument("a heartbeat frame whose body is not a JSON object");
+  recv_seq_ = seq;
+  return body;
+}
+
+std::string RandomHex(int n_bytes) {
+  std::random_device rd;  // the kernel's getrandom on Linux
+  std::string out;
+  out.reserve(static_cast<size_t>(n_bytes) * 2);
+  for (int i = 0; i < n_bytes; i += 4) {
+    const uint32_t v = rd();
+    for (int j = 0; j < 4 && i + j < n_bytes; ++j) out += fmt::format("{:02x}", (v >> (8 * j)) & 0xff);
+  }
+  return out;
+}
+
+// ---- Client ----------------------------------------------------------------------------------
+
+struct HeartbeatClient::Impl {
+  HeartbeatClientOptions options;
+  CommandHandler handler;
+  std::string host;
+  int port = 0;
+  int wake_fd = -1;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> connected{false};
+  std::atomic<bool> poke{false};
+  std::mutex mu;
+  std::deque<json> queue;  // guarded by mu
+  std::thread thread;
+
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd, &one, sizeof(one));
+  }
+  void Drain() {
+    uint64_t v = 0;
+    (void)!::read(wake_fd, &v, sizeof(v));
+  }
+  // Sleeps up to s seconds or until woken.
+  void WaitFor(double s) {
+    pollfd p{wake_fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(s * 1000)) > 0) Drain();
+  }
+
+  int Connect() {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || res == nullptr) return -1;
+    int fd = -1;
+    for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+      fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      SetNonBlocking(fd);
+      int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
+      if (rc < 0 && errno == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        rc = ::poll(&p, 1, 1000) == 1 ? 0 : -1;
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (rc == 0 && (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)) rc = -1;
+      }
+      if (rc != 0) {
+        ::close(fd);
+        fd = -1;
+      }
+    }
+    ::freeaddrinfo(res);
+    if (fd >= 0) {
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    return fd;
+  }
+
+  json Heartbeat() const {
+    const ProgressSnapshot p = ReadProgress();
+    return {{"type", "hb"},
+            {"step", p.step},
+            {"phase", PhaseName(p.phase)},
+            {"progress", p.progress},
+            {"checkpoint", p.checkpoint_step},
+            {"step_time", p.step_time},
+            {"start_step", p.start_step},
+            {"first_step_time", p.first_step_time}};
+  }
+
+  // One connection, until it fails or stop.
+  void Serve(int fd) {
+    std::string buf, error;
+    const auto greet_end = Clock::now() + std::chrono::seconds(2);
+    std::vector<std::string> lines;
+    while (lines.empty()) {
+      const double left = Seconds(greet_end - Clock::now());
+      if (left <= 0 || stop) return;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left * 1000) + 1) <= 0) continue;
+      if (!ReadSome(fd, &buf, &error) || !TakeLines(&buf, &lines)) return;
+    }
+    const std::string& greeting = lines[0];
+    if (!greeting.starts_with(kGreeting)) return;
+    const std::string server_nonce = greeting.substr(sizeof(kGreeting) - 1);
+    if (!IsHex(server_nonce) || server_nonce.size() > 128) return;
+    const std::string client_nonce = RandomHex(16);
+    HeartbeatSession session(options.secret, server_nonce, client_nonce, /*is_server=*/false);
+    json hello = options.identity;
+    hello["type"] = "hello";
+    if (!WriteAll(fd, "HELLO " + client_nonce + "\n" + session.Seal(hello), 2.0)) return;
+    connected = true;
+    auto next_hb = Clock::now();
+    lines.erase(lines.begin());
+    while (!stop) {
+      for (const std::string& line : lines) {
+        StatusOr<json> cmd = session.Open(line);
+        if (!cmd.ok()) return;  // the server is not ours (or broken): reconnect
+        handler(*cmd);
+      }
+      lines.clear();
+      std::string out;
+      if (poke.exchange(false) || Clock::now() >= next_hb) {
+        out += session.Seal(Heartbeat());
+        next_hb = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(options.interval_s));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        while (!queue.empty()) {
+          out += session.Seal(queue.front());
+          queue.pop_front();
+        }
+      }
+      if (!out.empty() && !WriteAll(fd, out, 2.0)) return;
+      const double wait = std::max(0.0, Seconds(next_hb - Clock::now()));
+      pollfd p[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+      const int n = ::poll(p, 2, static_cast<int>(wait * 1000) + 1);
+      if (n <= 0) continue;
+      if (p[1].revents & POLLIN) Drain();
+      if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+        if (!ReadSome(fd, &buf, &error) || !TakeLines(&buf, &lines)) {
+          // Commands that arrived with the close still count.
+          for (const std::string& line : lines) {
+            StatusOr<json> cmd = session.Open(line);
+            if (cmd.ok()) handler(*cmd);
+          }
+          return;
+        }
+      }
+    }
+    // Stopping: what is queued goes out (a last "bye"), within a moment.
+    std::string out;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      while (!queue.empty()) {
+        out += session.Seal(queue.front());
+        queue.pop_front();
+      }
+    }
+    if (!out.empty()) (void)WriteAll(fd, out, 1.0);
+  }
+
+  void Run() {
+    double backoff = 0.05;
+    while (!stop) {
+      const int fd = Connect();
+      if (fd < 0) {
+        WaitFor(backoff);
+        backoff = std::min(backoff * 2, std::max(0.05, options.interval_s));
+        continue;
+      }
+      backoff = 0.05;
+      Serve(fd);
+      connected = false;
+      ::close(fd);
+      {
+        // Unkept messages are for the connection that is gone.
+        std::lock_guard<std::mutex> lock(mu);
+        std::erase_if(queue, [](const json& j) { return !j.value("keep", false); });
+      }
+      if (!stop) WaitFor(0.05);
+    }
+  }
+};
+
+StatusOr<std::unique_ptr<HeartbeatClient>> HeartbeatClient::Start(HeartbeatClientOptions options,
+                                                                  CommandHandler handler) {
+  if (options.secret.empty()) return Status::InvalidArgument("the heartbeat channel needs a secret");
+  if (!(options.interval_s > 0 && options.interval_s <= 3600)) {
+    return Status::InvalidArgument("heartbeat interval {} s: expected 0 < interval <= 3600", options.interval_s);
+  }
+  ServerOptions addr;
+  TF_RETURN_IF_ERROR(ParseHostPort(options.address, &addr).WithContext("the supervisor's address"));
+  if (addr.port == 0) return Status::InvalidArgument("the supervisor's address '{}' has no port", options.address);
+  std::unique_ptr<HeartbeatClient> c(new HeartbeatClient());
+  c->impl_ = std::make_unique<Impl>();
+  Impl& i = *c->impl_;
+  i.options = std::move(options);
+  i.handler = std::move(handler);
+  i.host = addr.host;
+  i.port = addr.port;
+  i.wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (i.wake_fd < 0) return Status::IOError("eventfd: {}", std::strerror(errno));
+  i.thread = std::thread([&i] { i.Run(); });
+  return c;
+}
+
+HeartbeatClient::~HeartbeatClient() {
+  if (!impl_) return;
+  impl_->stop = true;
+  impl_->Wake();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  ::close(impl_->wake_fd);
+}
+
+void HeartbeatClient::Send(json body, bool keep) {
+  if (!keep && !impl_->connected) return;
+  if (keep) body["keep"] = true;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->queue.size() >= 1024) impl_->queue.pop_front();  // bounded: the oldest goes
+    impl_->queue.push_back(std::move(body));
+  }
+  impl_->Wake();
+}
+
+bool HeartbeatClient::connected() const { return impl_->connected; }
+
+void HeartbeatClient::Poke() {
+  impl_->poke = true;
+  impl_->Wake();
+}
+
+// ---- Server ----------------------------------------------------------------------------------
+
+struct HeartbeatServer::Impl {
+  struct Conn {
+    int fd = -1;
+    std::string peer, buf, server_nonce;
+    std::unique_ptr<HeartbeatSession> session;  // after HELLO
+    bool authenticated = false;                  // after a valid identity frame
+    Clock::time_point accepted;
+  };
+  std::string secret;
+  int listen_fd = -1;
+  int port = 0;
+  int next_id = 1;
+  std::map<int, Conn> conns;
+  std::vector<Event> pending;  // closes found by Send
+
+  void Drop(int id, Event::Kind kind, const std::string& why) {
+    auto it = conns.find(id);
+    if (it == conns.end()) return;
+    Event e{it->second.authenticated ? kind : Event::kRejected, id, {}, it->second.peer, why};
+    ::close(it->second.fd);
+    conns.erase(it);
+    pending.push_back(std::move(e));
+  }
+
+  void Accept() {
+    while (true) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof(ss);
+      const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;
+      if (static_cast<int>(conns.size()) >= kMaxConnections) {
+        ::close(fd);
+        continue;
+      }
+      char host[INET6_ADDRSTRLEN] = "?";
+      int peer_port = 0;
+      if (ss.ss_family == AF_INET) {
+        const auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+        ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+        peer_port = ntohs(a->sin_port);
+      } else if (ss.ss_family == AF_INET6) {
+        const auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+        ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+        peer_port = ntohs(a->sin6_port);
+      }
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      Conn c;
+      c.fd = fd;
+      c.peer = fmt::format("{}:{}", host, peer_port);
+      c.server_nonce = RandomHex(16);
+      c.accepted = Clock::now();
+      const int id = next_id++;
+      if (!WriteAll(fd, kGreeting + c.server_nonce + "\n", 1.0)) {
+        ::close(fd);
+        continue;
+      }
+      conns.emplace(id, std::move(c));
+    }
+  }
+
+  void Read(int id, std::vector<Event>* out) {
+    Conn& c = conns.at(id);
+    std::string error;
+    std::vector<std::string> lines;
+    const bool open = ReadSome(c.fd, &c.buf, &error);
+    if (!TakeLines(&c.buf, &lines)) {
+      Drop(id, Event::kClosed, fmt::format("a line longer than {} bytes", kMaxHeartbeatLine));
+      return;
+    }
+    for (const std::string& line : lines) {
+      if (!c.session) {
+        const std::string nonce = line.starts_with("HELLO ") ? line.substr(6) : "";
+        if (!IsHex(nonce) || nonce.size() > 128) {
+          Drop(id, Event::kRejected, "not a heartbeat client (no HELLO)");
+          return;
+        }
+        c.session = std::make_unique<HeartbeatSession>(secret, c.server_nonce, nonce, /*is_server=*/true);
+        continue;
+      }
+      StatusOr<json> body = c.session->Open(line);
+      if (!body.ok()) {
+        Drop(id, Event::kRejected, body.status().message());
+        return;
+      }
+      if (!c.authenticated) {
+        if (body->value("type", "") != "hello") {
+          Drop(id, Event::kRejected, "the first message is not a hello");
+          return;
+        }
+        c.authenticated = true;
+        out->push_back(Event{Event::kHello, id, std::move(*body), c.peer, ""});
+        continue;
+      }
+      out->push_back(Event{Event::kMessage, id, std::move(*body), c.peer, ""});
+    }
+    if (!open) Drop(id, Event::kClosed, error);
+  }
+};
+
+StatusOr<std::unique_ptr<HeartbeatServer>> HeartbeatServer::Listen(const std::string& host, int port,
+                                                                  std::string secret) {
+  if (secret.empty()) return Status::InvalidArgument("the heartbeat channel needs a secret");
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
+    return Status::InvalidArgument("heartbeat address '{}': {}", host, ::gai_strerror(rc));
+  }
+  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    ::freeaddrinfo(res);
+    return Status::IOError("socket: {}", std::strerror(errno));
+  }
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 256) != 0) {
+    const int e = errno;
+    ::freeaddrinfo(res);
+    ::close(fd);
+    return Status::IOError("cannot listen for heartbeats on {}:{}: {}", host, port, std::strerror(e));
+  }
+  ::freeaddrinfo(res);
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  std::unique_ptr<HeartbeatServer> s(new HeartbeatServer());
+  s->impl_ = std::make_unique<Impl>();
+  s->impl_->secret = std::move(secret);
+  s->impl_->listen_fd = fd;
+  s->impl_->port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                                  : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  return s;
+}
+
+HeartbeatServer::~HeartbeatServer() {
+  if (!impl_) return;
+  for (auto& [id, c] : impl_->conns) ::close(c.fd);
+  ::close(impl_->listen_fd);
+}
+
+int HeartbeatServer::port() const { return impl_->port; }
+int HeartbeatServer::connections() const { return static_cast<int>(impl_->conns.size()); }
+
+std::vector<HeartbeatServer::Event> HeartbeatServer::Poll(double timeout_s) {
+  Impl& m = *impl_;
+  std::vector<Event> out = std::move(m.pending);
+  m.pending.clear();
+  // Connections that did not authenticate in time.
+  const auto now = Clock::now();
+  std::vector<int> late;
+  for (const auto& [id, c] : m.conns) {
+    if (!c.authenticated && Seconds(now - c.accepted) > kAuthDeadlineS) late.push_back(id);
+  }
+  for (int id : late) m.Drop(id, Event::kRejected, "did not authenticate within 5 s");
+  std::vector<pollfd> fds;
+  std::vector<int> ids;
+  fds.push_back({m.listen_fd, POLLIN, 0});
+  for (const auto& [id, c] : m.conns) {
+    fds.push_back({c.fd, POLLIN, 0});
+    ids.push_back(id);
+  }
+  const int wait_ms = out.empty() && m.pending.empty() ? static_cast<int>(std::max(0.0, timeout_s) * 1000) : 0;
+  if (::poll(fds.data(), fds.size(), wait_ms) > 0) {
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents != 0 && m.conns.count(ids[i - 1])) m.Read(ids[i - 1], &out);
+    }
+    if (fds[0].revents & POLLIN) m.Accept();
+  }
+  for (Event& e : m.pending) out.push_back(std::move(e));
+  m.pending.clear();
+  return out;
+}
+
+bool HeartbeatServer::Send(int conn, const json& body) {
+  auto it = impl_->conns.find(conn);
+  if (it == impl_->conns.end() || !it->second.authenticated) return false;
+  if (!WriteAll(it->second.fd, it->second.session->Seal(body), 1.0)) {
+    impl_->Drop(conn, Event::kClosed, "send failed");
+    return false;
+  }
+  return true;
+}
+
+void HeartbeatServer::Close(int conn) {
+  auto it = impl_->conns.find(conn);
+  if (it == impl_->conns.end()) return;
+  ::close(it->second.fd);
+  impl_->conns.erase(it);
+}
+
+}  // namespace tf::monitor
