@@ -25,7 +25,7 @@ struct LaunchCommands {
   std::string metrics_addr = "127.0.0.1:9460";
   int np = 0, min_ranks = 1, max_ranks = 0, max_restarts = 10, quarantine_after = 3;
   double heartbeat_interval = 1.0, quarantine_window = 3600, health_interval = 30, startup_timeout = 300,
-         rescue_timeout = 60, backoff_max = 60, backoff_reset = 300;
+         rescue_timeout = 60, backoff_max = 60, backoff_reset = 30;
   std::string hang_timeouts;
   std::vector<std::string> command;
   bool status = false, json = false;

@@ -98,7 +98,7 @@ struct BackoffPolicy {
   double base_s = 1;
   double factor = 2;  // REQUIRES: >= 1
   double max_s = 60;
-  double reset_after_s = 300;
+  double reset_after_s = 30;
 };
 
 class RestartBackoff {

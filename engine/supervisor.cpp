@@ -416,13 +416,8 @@ Status Supervisor::Open() {
     prior_wall_s_ = st.value("wall_s", 0.0);
     if (st.contains("failures_by_cause")) failures_by_cause_ = st["failures_by_cause"].get<std::map<std::string, int64_t>>();
     if (st.contains("failures_by_host")) failures_by_host_ = st["failures_by_host"].get<std::map<std::string, int64_t>>();
-    const std::string status = st.value("status", "");
-    if (status == "done") {
-      Say(fmt::format("the job of {} already finished (step {}); nothing to do", o_.state_dir,
-                      st.value("final_step", int64_t{-1})));
-      return Status(StatusCode::kCancelled, "done");
-    }
-    if (st.contains("job") && st["job"].is_object()) Adopt(st["job"]);
+    // A finished job launched again (more steps, say) simply resumes from its final checkpoint.
+    if (st.value("status", "") != "done" && st.contains("job") && st["job"].is_object()) Adopt(st["job"]);
   }
   return Status::OK();
 }
@@ -1191,7 +1186,6 @@ int Supervisor::Finish(int code, const std::string& why) {
 int Supervisor::Run() {
   run_started_wall_ = WallNow();
   if (Status s = Open(); !s.ok()) {
-    if (s.code() == StatusCode::kCancelled) return kExitOk;
     spdlog::error("{}", s.ToString());
     return ExitCodeFor(s.code());
   }

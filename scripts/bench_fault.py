@@ -86,7 +86,9 @@ def wait_for(cond, timeout):
 
 def latency(args, sig, count, name):
     """One run, `count` failures by `sig`; per failure (detect_s, to_step_s, lost_steps, kind)."""
-    run = Run(args.trainflow, args.work, name, 100000)
+    # Failures every few seconds: without --backoff-reset 1 the restart delay would back off (1, 2, 4 s ...),
+    # as for a crash loop; this measures the recovery itself.
+    run = Run(args.trainflow, args.work, name, 100000, extra=["--backoff-reset", "1"])
     rng = random.Random(args.seed)
     out = []
     try:
