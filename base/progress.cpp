@@ -14,8 +14,10 @@ std::atomic<int64_t> g_checkpoint{-1};
 std::atomic<double> g_step_time{0};
 std::atomic<int64_t> g_start_step{-1};
 std::atomic<double> g_first_step_time{0};
+std::atomic<int64_t> g_checkpoint_bytes{0};
 std::atomic<bool> g_abort{false};
 std::mutex g_reason_mu;
+std::string g_metrics_url;  // guarded by g_reason_mu
 std::string g_reason;  // guarded by g_reason_mu
 
 constexpr const char* kNames[kNumPhases] = {"startup",   "data",       "compute", "communication", "optimizer",
@@ -52,6 +54,8 @@ void SetStepsDone(int64_t step) {
   }
   g_step.store(step, std::memory_order_relaxed);
 }
+void AddCheckpointBytes(int64_t bytes) { g_checkpoint_bytes.fetch_add(bytes, std::memory_order_relaxed); }
+
 void SetStartStep(int64_t step) { g_start_step.store(step, std::memory_order_relaxed); }
 void AdvanceProgress() { g_progress.fetch_add(1, std::memory_order_relaxed); }
 void SetCommittedCheckpoint(int64_t step) {
@@ -69,6 +73,7 @@ ProgressSnapshot ReadProgress() {
   s.step_time = g_step_time.load(std::memory_order_relaxed);
   s.start_step = g_start_step.load(std::memory_order_relaxed);
   s.first_step_time = g_first_step_time.load(std::memory_order_relaxed);
+  s.checkpoint_bytes = g_checkpoint_bytes.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -83,6 +88,14 @@ bool AbortRequested() { return g_abort.load(std::memory_order_relaxed); }
 std::string AbortReason() {
   std::lock_guard<std::mutex> lock(g_reason_mu);
   return g_reason;
+}
+void SetMetricsUrl(const std::string& url) {
+  std::lock_guard<std::mutex> lock(g_reason_mu);
+  g_metrics_url = url;
+}
+std::string MetricsUrl() {
+  std::lock_guard<std::mutex> lock(g_reason_mu);
+  return g_metrics_url;
 }
 void ClearAbortRequest() {
   std::lock_guard<std::mutex> lock(g_reason_mu);

@@ -38,6 +38,7 @@ struct ProgressSnapshot {
   double step_time = 0;              // when `step` was reached (Unix seconds; 0: not yet)
   int64_t start_step = -1;           // where this process's training loop began (-1: not yet)
   double first_step_time = 0;        // when its first step completed (Unix seconds; 0: not yet)
+  int64_t checkpoint_bytes = 0;      // bytes this process's checkpointers stored (resource accounting)
 };
 
 void SetPhase(Phase p);             // also advances the counter
@@ -45,6 +46,10 @@ void SetStepsDone(int64_t step);  // also records the time
 void AdvanceProgress();
 void SetStartStep(int64_t step);  // the training loop begins at `step` (after any resume)
 void SetCommittedCheckpoint(int64_t step);
+void AddCheckpointBytes(int64_t bytes);  // a checkpoint part of this process was stored
+// Where this process serves its metrics ("" = nowhere): the supervisor lists it for the job's owner.
+void SetMetricsUrl(const std::string& url);
+std::string MetricsUrl();
 ProgressSnapshot ReadProgress();
 
 // Every wait for peers gives up from now on, saying `reason`. The first reason is kept.

@@ -385,6 +385,7 @@ Status Checkpointer::WritePart(Half& half) {
   stats_.last_bytes = stored_bytes;
   stats_.last_raw_bytes = raw_bytes;
   stats_.bytes_total += stored_bytes;
+  AddCheckpointBytes(stored_bytes);
   return Status::OK();
 }
 

@@ -22,6 +22,7 @@
 #include "engine/run_report.h"
 #include "engine/checkpoint_cli.h"
 #include "engine/launch_cli.h"
+#include "engine/slurm_cli.h"
 #include "engine/sampler.h"
 #include "engine/train_config.h"
 #include "engine/rank_agent.h"
@@ -492,6 +493,7 @@ int RunCli(int argc, char** argv) {
   // env
   const auto checkpoints = AddCheckpointCommands(app);
   const auto launch = AddLaunchCommands(app);
+  const auto slurm = AddSlurmCommands(app);
 
   auto* env = app.add_subcommand("env", "What this build is and finds here: CUDA, GPUs, cuBLASLt, NCCL, cuDNN, MPI");
 
@@ -623,6 +625,7 @@ int RunCli(int argc, char** argv) {
   }
 
   if (LaunchCommandParsed(*launch)) return RunLaunchCommand(*launch);
+  if (SlurmCommandParsed(*slurm)) return RunSlurmCommand(*slurm);
   if (CheckpointCommandParsed(*checkpoints)) {
     const Status s = RunCheckpointCommand(*checkpoints);
     return s.ok() ? kExitOk : Fail(s);

@@ -14,6 +14,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include "base/progress.h"
 #include "model/config.h"
 #include "monitor/metrics.h"
 #include "monitor/server.h"
@@ -292,6 +293,7 @@ StatusOr<std::unique_ptr<StepObserver>> MakeMonitorObserver(Trainer& t) {
                                 : fmt::format(" (port {} in use: moved on)", so.port);
   const std::string line = fmt::format("monitor: rank {} at {}/ (dashboard; Prometheus metrics at /metrics){}{}",
                                        topo.rank, server->url(), moved, so.token.empty() ? "" : "; bearer token required");
+  SetMetricsUrl(server->url());
   if (topo.rank == 0 && t.options().print_progress) {
     fmt::print("{}\n", line);
     std::fflush(stdout);

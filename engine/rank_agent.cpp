@@ -63,13 +63,16 @@ StatusOr<std::unique_ptr<RankAgent>> RankAgent::FromEnvironment() {
   }
   char hostname[256] = {};
   ::gethostname(hostname, sizeof(hostname) - 1);
+  // The host name the supervisor knows: its own (mpirun), else Slurm's node name (srun).
   std::string host = Getenv("TRAINFLOW_HOST");
+  if (host.empty()) host = Getenv("SLURMD_NODENAME");
   o.identity = {{"rank", RankFromEnvironment()},
                 {"generation", generation},
                 {"host", host.empty() ? std::string(hostname) : host},
                 {"hostname", hostname},
                 {"pid", static_cast<int64_t>(::getpid())},
-                {"ppid", static_cast<int64_t>(::getppid())}};
+                {"ppid", static_cast<int64_t>(::getppid())},
+                {"slurm_step", Getenv("SLURM_STEP_ID")}};
   std::unique_ptr<RankAgent> agent(new RankAgent());
   RankAgent* self = agent.get();
   TF_ASSIGN_OR_RETURN(agent->client_, monitor::HeartbeatClient::Start(
@@ -175,7 +178,9 @@ int RankAgent::Linger(Trainer* trainer, const Status& failure, int code) {
 }
 
 void RankAgent::Finish(int code) {
-  client_->Send({{"type", "exit"}, {"exit_code", code}, {"step", ReadProgress().step}}, /*keep=*/true);
+  const ProgressSnapshot p = ReadProgress();
+  client_->Send({{"type", "exit"}, {"exit_code", code}, {"step", p.step}, {"checkpoint_bytes", p.checkpoint_bytes}},
+                /*keep=*/true);
   client_.reset();  // sends what is queued (within a moment) and stops the thread
 }
 

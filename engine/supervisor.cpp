@@ -28,6 +28,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/env.h"
+#include "base/subprocess.h"
 #include "monitor/heartbeat.h"
 #include "monitor/metrics.h"
 #include "monitor/prometheus_util.h"
@@ -42,7 +43,9 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 std::atomic<int> g_signals{0};
+std::atomic<int> g_warnings{0};
 extern "C" void OnSupervisorSignal(int) { g_signals.fetch_add(1); }
+extern "C" void OnSupervisorWarning(int) { g_warnings.fetch_add(1); }
 
 double WallNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -88,60 +91,6 @@ bool IsLocalHost(const std::string& host) {
   return host == name;
 }
 
-// In a forked child: stdout and stderr to `out_fd`, stdin from /dev/null, then argv (127 if it cannot run).
-[[noreturn]] void ExecWithOutput(const std::vector<std::string>& argv, int out_fd) {
-  ::dup2(out_fd, 1);
-  ::dup2(out_fd, 2);
-  const int devnull = ::open("/dev/null", O_RDONLY);
-  if (devnull >= 0) ::dup2(devnull, 0);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  ::execvp(args[0], args.data());
-  std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
-  ::_exit(127);
-}
-
-// Runs argv with a deadline; stdout+stderr captured. exit code, or -1 on timeout (killed), -2 when not started.
-int RunCommand(const std::vector<std::string>& argv, double timeout_s, std::string* output) {
-  int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0) return -2;
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(pipefd[0]);
-    ::close(pipefd[1]);
-    return -2;
-  }
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ExecWithOutput(argv, pipefd[1]);
-  }
-  ::close(pipefd[1]);
-  ::fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
-  const double end = Mono() + timeout_s;
-  int status = 0;
-  bool done = false;
-  char buf[4096];
-  while (true) {
-    ssize_t n;
-    while ((n = ::read(pipefd[0], buf, sizeof(buf))) > 0) {
-      if (output != nullptr && output->size() < 65536) output->append(buf, static_cast<size_t>(n));
-    }
-    if (!done && ::waitpid(pid, &status, WNOHANG) == pid) done = true;
-    if (done && n <= 0) break;
-    if (!done && Mono() > end) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      ::close(pipefd[0]);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    if (done && n == 0) break;
-  }
-  ::close(pipefd[0]);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-}
-
 std::string ExitDescription(int code) {
   switch (code) {
     case 0: return "done";
@@ -172,6 +121,8 @@ struct RankInfo {
   int64_t failed_step = -1;
   std::string error;
   bool closed = false;
+  int64_t checkpoint_bytes = 0;  // the process's own count (accounted as it grows)
+  std::string metrics_url;
 };
 
 struct Job {
@@ -194,6 +145,8 @@ struct Job {
   int64_t start_step = -1;     // the step it resumed at (first heartbeat)
   bool mpirun_exited = false;
   int mpirun_status = 0;
+  std::string slurm_step;      // srun: the job step the ranks run in (from their hello)
+  int64_t tokens_step = -1;    // rank 0's step the token count has reached
 };
 
 // The supervisor's /metrics and /api/run (its state.json), from the snapshot Save() leaves.
@@ -254,6 +207,17 @@ class LaunchMetrics : public monitor::MetricsSource {
       AddSample(&hosts, 1.0, {{"host", h.value("name", "")}, {"state", h.value("state", "")}});
     }
     if (!hosts.metric.empty()) out.push_back(std::move(hosts));
+    const json u = s.value("usage", json::object());
+    out.push_back(Single("trainflow_job_node_hours_total", "Host-hours held by the job (hosts x wall time, every run).",
+                         MetricType::Counter, num(u, "node_seconds") / 3600.0));
+    out.push_back(Single("trainflow_job_gpu_hours_total", "GPU-hours held by the job (GPUs x wall time, every run).",
+                         MetricType::Counter, num(u, "gpu_seconds") / 3600.0));
+    out.push_back(Single("trainflow_job_tokens_total", "Tokens trained by the job (all ranks; lost work included).",
+                         MetricType::Counter, num(u, "tokens")));
+    out.push_back(Single("trainflow_job_checkpoint_bytes_total", "Bytes the job's checkpoints stored.",
+                         MetricType::Counter, num(u, "checkpoint_bytes")));
+    out.push_back(Single("trainflow_job_requeues_total", "Slurm requeues and resubmissions of the job.",
+                         MetricType::Counter, num(u, "requeues")));
     return prometheus::TextSerializer().Serialize(out);
   }
 
@@ -264,7 +228,8 @@ class LaunchMetrics : public monitor::MetricsSource {
 
 class Supervisor {
  public:
-  explicit Supervisor(LaunchOptions o) : o_(std::move(o)), book_(o_.quarantine), backoff_(o_.backoff) {}
+  explicit Supervisor(LaunchOptions o, SupervisorOutcome* outcome)
+      : o_(std::move(o)), book_(o_.quarantine), backoff_(o_.backoff), outcome_(outcome) {}
   ~Supervisor() {
     if (health_thread_.joinable()) health_thread_.join();
   }
@@ -282,6 +247,7 @@ class Supervisor {
   void Adopt(const json& job);
   void HandleEvents(const std::vector<monitor::HeartbeatServer::Event>& events);
   void OnMessage(int rank, const json& m);
+  void AccountRank(int rank, int64_t step, int64_t checkpoint_bytes);
   bool MpirunAlive();
   void TailLog();
   std::optional<json> Detect();  // a failure to recover from, or nothing
@@ -294,9 +260,14 @@ class Supervisor {
   // Applies the last round's results and starts a new round in the background (`wait`: and waits
   // for it and applies it).
   void HealthChecks(bool wait = false);
-  std::string Agent() const { return o_.rsh_agent.empty() ? "ssh" : o_.rsh_agent; }
+  // The command that runs `script` (sh) on `host`: the remote shell, or an srun helper step.
+  std::vector<std::string> RemoteArgv(const std::string& host, const std::string& script) const;
+  bool UsesSrun() const { return o_.launcher == "srun"; }
+  std::vector<std::string> SrunLaunchArgv(const Job& job);
+  ResourceUsage Usage() const;
+  void WriteEndpoints();
   bool RereadHostfile();
-  int Finish(int code, const std::string& why);
+  int Finish(int code, const std::string& why, const char* reason);
   void PollFor(double seconds, const std::function<bool()>& done);
 
   LaunchOptions o_;
@@ -330,6 +301,13 @@ class Supervisor {
   std::map<std::string, int64_t> failures_by_host_;
   int64_t final_step_ = -1;
   bool stopping_ = false;         // the user asked the supervisor to stop
+  bool time_warning_ = false;     // ... because of SIGUSR1 (Slurm's time-limit warning)
+  SupervisorOutcome* outcome_;    // may be null
+  std::map<std::string, std::string> host_causes_;  // quarantined host -> why
+  // Accounting carried over from earlier supervisors of the job (state.json) and this run's counts.
+  ResourceUsage usage_prior_;
+  int64_t tokens_ = 0, checkpoint_bytes_ = 0;
+  std::string endpoints_written_;
 };
 
 double DefaultTimeoutFor(Phase p) {
@@ -417,7 +395,22 @@ Status Supervisor::Open() {
     if (st.contains("failures_by_cause")) failures_by_cause_ = st["failures_by_cause"].get<std::map<std::string, int64_t>>();
     if (st.contains("failures_by_host")) failures_by_host_ = st["failures_by_host"].get<std::map<std::string, int64_t>>();
     // A finished job launched again (more steps, say) simply resumes from its final checkpoint.
-    if (st.value("status", "") != "done" && st.contains("job") && st["job"].is_object()) Adopt(st["job"]);
+    if (st.contains("usage") && st["usage"].is_object()) {
+      const json& u = st["usage"];
+      usage_prior_.node_seconds = u.value("node_seconds", 0.0);
+      usage_prior_.gpu_seconds = u.value("gpu_seconds", 0.0);
+      usage_prior_.tokens = u.value("tokens", int64_t{0});
+      usage_prior_.checkpoint_bytes = u.value("checkpoint_bytes", int64_t{0});
+    }
+    if (st.contains("host_causes") && st["host_causes"].is_object()) {
+      for (const auto& [h, why] : st["host_causes"].items()) {
+        if (why.is_string()) host_causes_[h] = why.get<std::string>();
+      }
+    }
+    // A job of an earlier Slurm run ended with its allocation; one of mpirun's may still run.
+    if (st.value("status", "") != "done" && st.contains("job") && st["job"].is_object() && !UsesSrun()) {
+      Adopt(st["job"]);
+    }
   }
   return Status::OK();
 }
@@ -440,6 +433,10 @@ void Supervisor::Save() {
   st["failures_by_cause"] = failures_by_cause_;
   st["failures_by_host"] = failures_by_host_;
   st["final_step"] = final_step_;
+  const ResourceUsage u = Usage();
+  st["usage"] = {{"node_seconds", u.node_seconds}, {"gpu_seconds", u.gpu_seconds},     {"tokens", u.tokens},
+                 {"checkpoint_bytes", u.checkpoint_bytes}, {"restarts", u.restarts}, {"requeues", u.requeues}};
+  st["host_causes"] = host_causes_;
   if (job_) {
     json ranks = json::array();
     for (const auto& [r, info] : job_->ranks) {
@@ -484,6 +481,10 @@ Status Supervisor::Launch() {
   const std::vector<HostEntry> usable = book_.Usable();
   const int slots = TotalSlots(usable);
   const int max_ranks = o_.max_ranks > 0 ? o_.max_ranks : std::max(slots, 1);
+  if (slots < o_.min_ranks) {
+    return Status::Unavailable("{} healthy slot(s) left, fewer than the {} ranks the job needs at least", slots,
+                               o_.min_ranks);
+  }
   TF_ASSIGN_OR_RETURN(BatchPlan plan, PlanBatch(o_.global_rows, o_.max_batch_size, o_.min_ranks, max_ranks, slots));
   if (!plan.exact) {
     return Status::Unavailable("no world size in [{}, {}] on {} healthy slot(s) keeps the global batch of {} rows, "
@@ -499,7 +500,29 @@ Status Supervisor::Launch() {
                                                        ? "[" + o_.heartbeat_host + "]"
                                                        : o_.heartbeat_host,
                                           server_->port());
-  std::vector<std::string> argv = {o_.mpirun};
+  std::vector<std::string> train = o_.train_args;
+  train.insert(train.end(), {"--batch_size", std::to_string(plan.batch_size), "--grad_accum_steps",
+                             std::to_string(plan.grad_accum_steps)});
+  std::vector<std::string> argv;
+  std::string srun_hostfile;
+  if (UsesSrun()) {
+    // One line per rank, in rank order: srun --distribution=arbitrary puts rank i on line i's node.
+    srun_hostfile = fmt::format("{}/gen-{:04d}.hosts", o_.state_dir, job.generation);
+    std::string lines;
+    for (const HostEntry& h : job.hosts) {
+      for (int i = 0; i < h.slots; ++i) lines += h.name + "\n";
+    }
+    std::ofstream hf(srun_hostfile, std::ios::trunc);
+    hf << lines;
+    hf.close();
+    if (!hf) return Status::IOError("cannot write '{}'", srun_hostfile);
+    argv = {o_.srun, "--mpi=pmix", fmt::format("--ntasks={}", plan.world), fmt::format("--nodes={}", job.hosts.size()),
+            "--distribution=arbitrary", "--kill-on-bad-exit=0", fmt::format("--job-name=trainflow-gen{}", job.generation)};
+    argv.insert(argv.end(), o_.srun_args.begin(), o_.srun_args.end());
+    argv.push_back(o_.trainflow);
+    argv.insert(argv.end(), train.begin(), train.end());
+  } else {
+  argv = {o_.mpirun};
   if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
   // mpirun leaves the survivors of a failed rank alone (orte_enable_recovery): the supervisor
   // decides, after their rescue. Shared memory without single-copy (CMA): a peer killed
@@ -514,9 +537,6 @@ Status Supervisor::Launch() {
                         "TRAINFLOW_HEARTBEAT_INTERVAL"}) {
     argv.insert(argv.end(), {"-x", v});
   }
-  std::vector<std::string> train = o_.train_args;
-  train.insert(train.end(), {"--batch_size", std::to_string(plan.batch_size), "--grad_accum_steps",
-                             std::to_string(plan.grad_accum_steps)});
   bool first = true;
   for (const HostEntry& h : job.hosts) {
     if (!first) argv.push_back(":");
@@ -524,6 +544,7 @@ Status Supervisor::Launch() {
     argv.insert(argv.end(), {"-np", std::to_string(h.slots), "--host", fmt::format("{}:{}", h.name, h.slots),
                              "/usr/bin/env", "TRAINFLOW_HOST=" + h.name, o_.trainflow});
     argv.insert(argv.end(), train.begin(), train.end());
+  }
   }
   const int log_fd = ::open(job.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (log_fd < 0) return Status::IOError("cannot create '{}': {}", job.log_path, std::strerror(errno));
@@ -546,6 +567,14 @@ Status Supervisor::Launch() {
   if (pid == 0) {
     // Its own session: a supervisor killed with -9 leaves the job running for the next one to adopt.
     ::setsid();
+    if (!srun_hostfile.empty()) {
+      ::setenv("SLURM_HOSTFILE", srun_hostfile.c_str(), 1);
+      // The batch step's task layout is not this step's (the hosts file is).
+      for (const char* v : {"SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_DISTRIBUTION", "SLURM_NTASKS",
+                            "SLURM_NPROCS", "SLURM_NNODES"}) {
+        ::unsetenv(v);
+      }
+    }
     ExecWithOutput(argv, log_fd);
   }
   ::close(log_fd);
@@ -557,8 +586,8 @@ Status Supervisor::Launch() {
   for (int r = 0; r < plan.world; ++r) job.ranks[r].progress_at = job.started_mono;
   std::string where;
   for (const HostEntry& h : job.hosts) where += fmt::format("{}{} x{}", where.empty() ? "" : ", ", h.name, h.slots);
-  Say(fmt::format("generation {}: {} rank{} on {} ({}); mpirun pid {}, log {}", job.generation, plan.world,
-                  plan.world == 1 ? "" : "s", where, plan.note, pid, job.log_path));
+  Say(fmt::format("generation {}: {} rank{} on {} ({}); {} pid {}, log {}", job.generation, plan.world,
+                  plan.world == 1 ? "" : "s", where, plan.note, UsesSrun() ? "srun" : "mpirun", pid, job.log_path));
   conn_rank_.clear();
   job_ = std::move(job);
   backoff_.Started(Mono());
@@ -633,6 +662,7 @@ void Supervisor::HandleEvents(const std::vector<monitor::HeartbeatServer::Event>
       r.host = e.body.value("host", "");
       r.pid = e.body.value("pid", int64_t{0});
       r.ppid = e.body.value("ppid", int64_t{0});
+      if (const std::string step = e.body.value("slurm_step", ""); !step.empty()) job_->slurm_step = step;
       r.last_hb = Mono();
       r.closed = false;
       conn_rank_[e.conn] = rank;
@@ -654,6 +684,56 @@ void Supervisor::HandleEvents(const std::vector<monitor::HeartbeatServer::Event>
   }
 }
 
+void Supervisor::AccountRank(int rank, int64_t step, int64_t checkpoint_bytes) {
+  RankInfo& r = job_->ranks[rank];
+  if (checkpoint_bytes > r.checkpoint_bytes) {
+    checkpoint_bytes_ += checkpoint_bytes - r.checkpoint_bytes;
+    r.checkpoint_bytes = checkpoint_bytes;
+  }
+  if (rank == 0 && job_->start_step >= 0 && o_.tokens_per_step > 0) {
+    const int64_t from = std::max(job_->tokens_step, job_->start_step);
+    if (step > from) {
+      tokens_ += (step - from) * o_.tokens_per_step;
+      job_->tokens_step = step;
+    }
+  }
+}
+
+void Supervisor::WriteEndpoints() {
+  if (o_.endpoints_path.empty()) return;
+  json e = {{"supervisor", metrics_server_ ? metrics_server_->url() : ""}, {"token_required", !o_.metrics_token.empty()}};
+  json ranks = json::object();
+  if (job_) {
+    for (const auto& [rank, r] : job_->ranks) {
+      if (!r.metrics_url.empty()) ranks[std::to_string(rank)] = {{"host", r.host}, {"url", r.metrics_url}};
+    }
+  }
+  e["ranks"] = ranks;
+  const std::string text = e.dump(2) + "\n";
+  if (text == endpoints_written_) return;
+  const std::string tmp = o_.endpoints_path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  std::error_code ec;
+  if (ok) fs::rename(tmp, o_.endpoints_path, ec);
+  endpoints_written_ = text;
+}
+
+ResourceUsage Supervisor::Usage() const {
+  ResourceUsage u = usage_prior_;
+  const double run = WallNow() - run_started_wall_;
+  const int hosts = o_.accounted_hosts > 0 ? o_.accounted_hosts : static_cast<int>(o_.hosts.size());
+  u.node_seconds += hosts * run;
+  u.gpu_seconds += o_.accounted_gpus * run;
+  u.tokens += tokens_;
+  u.checkpoint_bytes += checkpoint_bytes_;
+  u.restarts = restarts_;
+  u.requeues = o_.requeues;
+  return u;
+}
+
 void Supervisor::OnMessage(int rank, const json& m) {
   RankInfo& r = job_->ranks[rank];
   r.last_hb = Mono();
@@ -668,6 +748,11 @@ void Supervisor::OnMessage(int rank, const json& m) {
     r.progress = progress;
     r.checkpoint = m.value("checkpoint", int64_t{-1});
     r.step_time = m.value("step_time", 0.0);
+    AccountRank(rank, step, m.value("checkpoint_bytes", int64_t{-1}));
+    if (const std::string url = m.value("metrics_url", ""); !url.empty() && url != r.metrics_url) {
+      r.metrics_url = url;
+      WriteEndpoints();
+    }
     if (rank == 0) {
       if (job_->start_step < 0) job_->start_step = m.value("start_step", int64_t{-1});
       if (job_->start_step >= 0 && step > job_->start_step && r.step_time > 0) {
@@ -704,9 +789,24 @@ void Supervisor::OnMessage(int rank, const json& m) {
   if (type == "exit") {
     r.exited = true;
     r.exit_code = m.value("exit_code", 0);
+    AccountRank(rank, m.value("step", int64_t{-1}), m.value("checkpoint_bytes", int64_t{-1}));
     if (rank == 0) final_step_ = m.value("step", int64_t{-1});
     return;
   }
+}
+
+std::vector<std::string> Supervisor::RemoteArgv(const std::string& host, const std::string& script) const {
+  if (UsesSrun()) {
+    // A helper step beside the job's (--overlap: it needs none of the step's resources).
+    return {o_.srun, "--overlap", "--jobid=" + o_.slurm_job_id, "--nodes=1", "--ntasks=1", "--nodelist=" + host,
+            "--quiet", "--mpi=none", "--job-name=trainflow-helper", "/bin/sh", "-c", script};
+  }
+  std::vector<std::string> argv;
+  std::istringstream words(o_.rsh_agent.empty() ? std::string("ssh") : o_.rsh_agent);
+  for (std::string w; words >> w;) argv.push_back(w);
+  argv.push_back(host);
+  argv.push_back(script);
+  return argv;
 }
 
 bool Supervisor::MpirunAlive() {
@@ -745,9 +845,9 @@ std::string Supervisor::Probe(const RankInfo& r, std::string* detail) {
     if (!f) return "gone";
     stat.assign((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   } else {
-    const int rc = RunCommand({Agent(), r.host, fmt::format("cat /proc/{}/stat", r.pid)}, 3.0, &stat);
+    const int rc = RunCommand(RemoteArgv(r.host, fmt::format("cat /proc/{}/stat", r.pid)), UsesSrun() ? 5.0 : 3.0, &stat);
     if (rc == -1 || rc == 255) {
-      *detail = fmt::format("host {} did not answer the remote shell within 3 s", r.host);
+      *detail = fmt::format("host {} did not answer the remote shell within {} s", r.host, UsesSrun() ? 5 : 3);
       return "unreachable";
     }
     if (rc != 0) return "gone";
@@ -776,7 +876,7 @@ void Supervisor::KillRank(const RankInfo& r) {
       "kill -9 $p;; esac; done; true",
       r.pid, r.ppid);
   std::string out;
-  if (RunCommand({Agent(), r.host, script}, 5.0, &out) != 0) {
+  if (RunCommand(RemoteArgv(r.host, script), 5.0, &out) != 0) {
     spdlog::warn("could not end rank pid {} on {}: {}", r.pid, r.host, out);
   }
 }
@@ -909,6 +1009,13 @@ void Supervisor::Teardown(double deadline_s) {
   }
   const double grace = std::min(end, Mono() + 0.5);
   while (MpirunAlive() && Mono() < grace) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (MpirunAlive() && UsesSrun() && !job.slurm_step.empty()) {
+    // The step's tasks on every node (srun killed alone would leave them running).
+    std::string out;
+    RunCommand({"scancel", "--signal=KILL", o_.slurm_job_id + "." + job.slurm_step}, 5.0, &out);
+    const double wait = Mono() + 3.0;
+    while (MpirunAlive() && Mono() < wait) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   if (MpirunAlive()) {
     ::kill(-job.mpirun, SIGKILL);  // its session: mpirun and the local ranks
     if (job.child) {
@@ -1066,6 +1173,12 @@ void Supervisor::Recover(json incident, const std::set<int>& culprits) {
     f.seekg(std::max<std::streamoff>(0, size - 65536));
     const std::string tail((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     static const std::regex kSignal(R"(process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+))");
+    static const std::regex kSrunTask(R"(srun: error: (\S+): task (\d+): ([^\n]+))");
+    for (std::sregex_iterator it(tail.begin(), tail.end(), kSrunTask), end; it != end; ++it) {
+      if (std::stoi((*it)[2]) == incident.value("rank", -2)) {
+        incident["detail"] = incident.value("detail", "") + fmt::format("; srun: {} on {}", (*it)[3].str(), (*it)[1].str());
+      }
+    }
     for (std::sregex_iterator it(tail.begin(), tail.end(), kSignal), end; it != end; ++it) {
       if (std::stoi((*it)[1]) == incident.value("rank", -2)) {
         const int sig = std::stoi((*it)[2]);
@@ -1092,8 +1205,10 @@ void Supervisor::Recover(json incident, const std::set<int>& culprits) {
     if (book_.RecordFailure(h, WallNow(), kind)) quarantined.push_back(h);
   }
   for (const std::string& h : quarantined) {
-    Say(fmt::format("host {} quarantined after {} failures within {:.0f} s (last: {})", h,
-                    book_.failures_in_window(h, WallNow()), o_.quarantine.window_s, kind));
+    const std::string cause = fmt::format("{} failures within {:.0f} s (last: {}: {})", book_.failures_in_window(h, WallNow()),
+                                          o_.quarantine.window_s, kind, incident.value("detail", ""));
+    host_causes_[h] = cause;
+    Say(fmt::format("host {} quarantined after {}", h, cause));
   }
   incident["quarantined"] = quarantined;
   incident["teardown_s"] = Mono() - t0;
@@ -1118,6 +1233,7 @@ void Supervisor::HealthChecks(bool wait) {
   for (const auto& [h, rc] : results) {
     if (rc == 0 && book_.state(h) == HostState::kQuarantined) {
       book_.Readmit(h, WallNow());
+      host_causes_.erase(h);
       Say(fmt::format("host {} passed its health check: readmitted", h));
       Incident({{"kind", "readmitted"}, {"host", h}});
       Save();
@@ -1133,8 +1249,8 @@ void Supervisor::HealthChecks(bool wait) {
     const std::string check = fmt::format("TRAINFLOW_HOST={}; export TRAINFLOW_HOST; {} health --quiet", ShellQuote(h),
                                           ShellQuote(o_.trainflow)) +
                               (o_.health_command.empty() ? "" : " && " + o_.health_command);
-    checks.push_back(IsLocalHost(h) ? std::vector<std::string>{"/bin/sh", "-c", check}
-                                    : std::vector<std::string>{Agent(), h, check});
+    checks.push_back(IsLocalHost(h) && !UsesSrun() ? std::vector<std::string>{"/bin/sh", "-c", check}
+                                                   : RemoteArgv(h, check));
   }
   health_running_ = true;
   health_thread_ = std::thread([this, hosts, checks] {
@@ -1172,9 +1288,18 @@ bool Supervisor::RereadHostfile() {
   return true;
 }
 
-int Supervisor::Finish(int code, const std::string& why) {
+int Supervisor::Finish(int code, const std::string& why, const char* reason) {
   if (health_thread_.joinable()) health_thread_.join();
   Say(why);
+  if (outcome_ != nullptr) {
+    outcome_->reason = reason;
+    outcome_->final_step = final_step_;
+    outcome_->bad_hosts.clear();
+    for (const std::string& h : book_.Quarantined()) {
+      outcome_->bad_hosts[h] = host_causes_.count(h) ? host_causes_[h] : std::string("quarantined");
+    }
+    outcome_->usage = Usage();
+  }
   const double wall = prior_wall_s_ + (WallNow() - run_started_wall_);
   Say(fmt::format("summary: {} restart(s), {:.1f} s down, effective training time {:.1f}% of {:.1f} s; incidents in "
                   "{}/incidents.jsonl",
@@ -1207,6 +1332,10 @@ int Supervisor::Run() {
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  struct sigaction warn{};
+  warn.sa_handler = OnSupervisorWarning;
+  sigemptyset(&warn.sa_mask);
+  ::sigaction(SIGUSR1, &warn, nullptr);
   Say(fmt::format("supervising from {} (heartbeats on {}:{}, state in {})", ::getpid(), o_.heartbeat_host,
                   server_->port(), o_.state_dir));
   if (o_.metrics_addr != "off" && !o_.metrics_addr.empty()) {
@@ -1215,23 +1344,30 @@ int Supervisor::Run() {
       spdlog::error("--metrics-addr: {}", s.ToString());
       return kExitBadInput;
     }
+    so.token = o_.metrics_token;
     Save();
     auto ms = monitor::MetricsServer::Start(&metrics_, so);
     if (!ms.ok()) {
       spdlog::warn("no supervisor metrics endpoint: {}", ms.status().ToString());
     } else {
       metrics_server_ = std::move(*ms);
-      Say(fmt::format("metrics at {}/metrics", metrics_server_->url()));
+      Say(fmt::format("metrics at {}/metrics{}", metrics_server_->url(),
+                      o_.metrics_token.empty() ? "" : " (bearer token required)"));
+      WriteEndpoints();
     }
   }
   if (job_) Save();
   while (true) {
-    // A user's SIGINT/SIGTERM: the job stops after its step and writes a checkpoint; a second one ends it.
+    // A user's SIGINT/SIGTERM, or Slurm's SIGUSR1 before the time limit: the job stops after its step
+    // and writes a checkpoint; a second SIGINT/SIGTERM ends it.
     const int signals = g_signals.load();
-    if (signals > 0 && !stopping_) {
+    const bool warned = g_warnings.load() > 0;
+    if ((signals > 0 || warned) && !stopping_) {
       stopping_ = true;
+      time_warning_ = signals == 0;
       if (job_) {
-        Say("stop requested: the ranks finish their step and write a checkpoint (again to end them now)");
+        Say(time_warning_ ? "time limit warning (SIGUSR1): the ranks finish their step and write a checkpoint"
+                          : "stop requested: the ranks finish their step and write a checkpoint (again to end them now)");
         for (auto& [rank, r] : job_->ranks) {
           if (r.conn >= 0) server_->Send(r.conn, {{"type", "stop"}});
         }
@@ -1241,26 +1377,31 @@ int Supervisor::Run() {
     if (signals > 1 && job_) {
       Teardown(0.0);
       job_.reset();
-      return Finish(kExitStopped, "stopped");
+      return Finish(kExitStopped, "stopped", time_warning_ ? "time_warning" : "stopped");
     }
     if (!job_) {
-      if (stopping_) return Finish(kExitStopped, "stopped before the next launch");
+      if (stopping_) {
+        return Finish(kExitStopped, "stopped before the next launch", time_warning_ ? "time_warning" : "stopped");
+      }
       if (Mono() < next_launch_) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         continue;
       }
       if (restarts_ > o_.max_restarts) {
         return Finish(kExitRetryable, fmt::format("giving up: {} restarts, more than --max-restarts {}", restarts_,
-                                                  o_.max_restarts));
+                                                  o_.max_restarts),
+                      "budget");
       }
       Status s = Launch();
       if (!s.ok()) {
         if (s.code() != StatusCode::kUnavailable) {
           spdlog::error("{}", s.ToString());
-          return Finish(ExitCodeFor(s.code()), "cannot launch");
+          return Finish(ExitCodeFor(s.code()), "cannot launch", "error");
         }
         // Too few healthy slots: wait for a quarantined host to pass its health check.
-        if (book_.Quarantined().empty()) return Finish(kExitRetryable, s.message());
+        if (book_.Quarantined().empty() || !o_.wait_for_hosts) {
+          return Finish(kExitRetryable, s.message(), "too_few_hosts");
+        }
         Say(fmt::format("waiting for hosts: {}", s.message()));
         HealthChecks(/*wait=*/true);
         RereadHostfile();
@@ -1307,7 +1448,12 @@ int Supervisor::Run() {
         const bool grow = job_->growing;
         AccountGeneration(final_step_ >= 0 ? final_step_ : job_->last_step);
         job_.reset();
-        if (stopped && stopping_) return Finish(kExitStopped, "stopped; `trainflow launch` with the same arguments resumes");
+        if (stopped && stopping_) {
+          return Finish(kExitStopped,
+                        time_warning_ ? "stopped at a checkpoint before the time limit"
+                                      : "stopped; `trainflow launch` with the same arguments resumes",
+                        time_warning_ ? "time_warning" : "stopped");
+        }
         if (stopped && grow) {
           Say("the job stopped at a checkpoint to grow");
           Save();
@@ -1315,9 +1461,9 @@ int Supervisor::Run() {
         }
         if (!stopped) {
           Save();
-          return Finish(kExitOk, fmt::format("the job finished (step {})", final_step_));
+          return Finish(kExitOk, fmt::format("the job finished (step {})", final_step_), "finished");
         }
-        return Finish(kExitStopped, "the job stopped (stop_at_step or a signal to the ranks)");
+        return Finish(kExitStopped, "the job stopped (stop_at_step or a signal to the ranks)", "stopped_outside");
       }
       if (failed_input) {
         std::string error;
@@ -1326,7 +1472,8 @@ int Supervisor::Run() {
         }
         Incident({{"kind", "bad_input"}, {"generation", job_->generation}, {"detail", error}, {"action", "stopped"}});
         job_.reset();
-        return Finish(kExitBadInput, "the job stopped on a configuration or input error (not retried): " + error);
+        return Finish(kExitBadInput, "the job stopped on a configuration or input error (not retried): " + error,
+                      "bad_input");
       }
       // mpirun ended without every rank saying goodbye: a failure (a rank killed before it connected,
       // or the launcher itself).
@@ -1340,8 +1487,9 @@ int Supervisor::Run() {
       if (incident.value("rank", -1) >= 0) culprits.insert(incident.value("rank", -1));
       if (incident.value("kind", "") == "bad_input") {
         job_.reset();
-        return Finish(kExitBadInput, "the job stopped on a configuration or input error (not retried): " +
-                                         incident.value("detail", ""));
+        return Finish(kExitBadInput,
+                      "the job stopped on a configuration or input error (not retried): " + incident.value("detail", ""),
+                      "bad_input");
       }
       Recover(incident, culprits);
       continue;
@@ -1354,8 +1502,9 @@ int Supervisor::Run() {
         Incident({{"kind", "bad_input"}, {"generation", job_->generation}, {"detail", incident->value("detail", "")},
                   {"action", "stopped"}});
         job_.reset();
-        return Finish(kExitBadInput, "the job stopped on a configuration or input error (not retried): " +
-                                         incident->value("detail", ""));
+        return Finish(kExitBadInput,
+                      "the job stopped on a configuration or input error (not retried): " + incident->value("detail", ""),
+                      "bad_input");
       }
       std::set<int> culprits;
       if (incident->contains("ranks")) {
@@ -1397,8 +1546,8 @@ int Supervisor::Run() {
 
 }  // namespace
 
-int RunSupervisor(const LaunchOptions& options) {
-  Supervisor s(options);
+int RunSupervisor(const LaunchOptions& options, SupervisorOutcome* outcome) {
+  Supervisor s(options, outcome);
   return s.Run();
 }
 

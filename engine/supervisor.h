@@ -23,6 +23,17 @@
 
 namespace tf::launch {
 
+// What a job used (accumulated in state_dir over supervisor restarts and Slurm requeues), for teams
+// on a budget: reported at the end and as metrics.
+struct ResourceUsage {
+  double node_seconds = 0;      // hosts held x wall time
+  double gpu_seconds = 0;       // GPUs held x wall time
+  int64_t tokens = 0;           // tokens trained (every rank's rows x seq_len, lost work included)
+  int64_t checkpoint_bytes = 0; // bytes the ranks' checkpointers stored
+  int64_t restarts = 0;         // restarts after failures (this supervisor's and earlier ones')
+  int64_t requeues = 0;         // Slurm requeues and resubmissions before this run
+};
+
 struct LaunchOptions {
   std::vector<HostEntry> hosts;      // the hostfile's
   std::string hostfile;              // re-read when it changes ("" = the hosts are fixed)
@@ -50,11 +61,39 @@ struct LaunchOptions {
   int max_batch_size = 0;            // the configured batch_size: no rank gets a larger one
   bool has_checkpoints = false;      // the job has a checkpoint_dir (else no rescue, no resume)
   std::string metrics_addr = "127.0.0.1:9460";  // the supervisor's /metrics ("off": none)
+  std::string metrics_token;         // "": /metrics is open (to whoever reaches metrics_addr)
+  // The launcher: "mpirun", or "srun" inside a Slurm allocation (docs/slurm.md): ranks placed host
+  // by host with --distribution=arbitrary, probes and kills through `srun --overlap` helper steps.
+  std::string launcher = "mpirun";
+  std::string srun = "srun";
+  std::vector<std::string> srun_args;
+  std::string slurm_job_id;          // srun: the allocation
+  // Too few healthy slots for min_ranks: wait for a quarantined host's health check (true), or end
+  // with outcome "too_few_hosts" (Slurm: the job goes elsewhere).
+  bool wait_for_hosts = true;
+  // Resource accounting: tokens per optimizer step (global rows x seq_len), what is held.
+  int64_t tokens_per_step = 0;
+  int accounted_hosts = 0;           // 0: the hosts of the hostfile
+  int accounted_gpus = 0;
+  int64_t requeues = 0;              // Slurm requeues before this run
+  std::string endpoints_path;        // "": not written; else the metrics endpoints (owner-only JSON)
+};
+
+// How a supervised run ended (besides its exit code), for `trainflow slurm run`.
+struct SupervisorOutcome {
+  // finished | stopped (SIGINT/SIGTERM to the supervisor) | time_warning (SIGUSR1: stopped at a
+  // checkpoint) | stopped_outside (the ranks stopped on their own signal: preemption, scancel) |
+  // too_few_hosts | budget | bad_input | error
+  std::string reason = "error";
+  std::map<std::string, std::string> bad_hosts;  // quarantined host -> the failures that did it
+  int64_t final_step = -1;
+  ResourceUsage usage;               // the job's, up to now
 };
 
 // Runs the job to its end; returns the exit code (0 done, 2 bad input, 3 budget exhausted or
 // unrecoverable, 5 stopped by SIGINT/SIGTERM).
-int RunSupervisor(const LaunchOptions& options);
+// SIGUSR1 (Slurm's warning before the time limit) stops the job at a checkpoint as SIGTERM does.
+int RunSupervisor(const LaunchOptions& options, SupervisorOutcome* outcome = nullptr);
 
 // `trainflow launch --status`: the hosts, their state, the job and the incidents, from state_dir.
 Status PrintLaunchStatus(const std::string& state_dir, bool as_json);

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -67,6 +69,21 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
     t->hang_marker_ = hang[used] == ':' ? std::string(hang + used + 1) : "";
     if (rank == t->topology_.rank && (t->hang_marker_.empty() || ::access(t->hang_marker_.c_str(), F_OK) != 0)) {
       t->hang_at_step_ = at;
+    }
+  }
+  // Test hooks of the Slurm tests (a bad node's tasks fail; jobs slow enough to interrupt).
+  for (const char* name : {"TRAINFLOW_TEST_FAIL_AT_STEP", "TRAINFLOW_TEST_STEP_DELAY_MS"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (*end != '\0' || n < 1 || n > 1000000000) {
+      return Status::InvalidArgument("{}='{}': expected a whole number >= 1", name, v);
+    }
+    if (std::strcmp(name, "TRAINFLOW_TEST_FAIL_AT_STEP") == 0) {
+      t->fail_at_step_ = n;
+    } else {
+      t->step_delay_ms_ = static_cast<int>(std::min<long long>(n, 60000));
     }
   }
   const comm::Topology& topo = t->topology_;
@@ -313,6 +330,12 @@ StatusOr<StepStats> Trainer::Step() {
     // Gradient accumulation: only the last micro-step's backward produces final gradients.
     reduce_now_ = micro == accum - 1;
     SetPhase(Phase::kCompute);
+    if (fail_at_step_ > 0 && step + 1 >= fail_at_step_) {
+      spdlog::warn("TRAINFLOW_TEST_FAIL_AT_STEP: rank {} kills itself in step {}", topology_.rank, step + 1);
+      std::fflush(stdout);
+      ::raise(SIGKILL);
+    }
+    if (step_delay_ms_ > 0 && micro == 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
     if (hang_at_step_ == step + 1) {
       // A test hook (TRAINFLOW_TEST_HANG_AT): this rank hangs in the forward pass, heartbeating.
       spdlog::warn("TRAINFLOW_TEST_HANG_AT: rank {} hangs in step {}", topology_.rank, step + 1);

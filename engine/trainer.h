@@ -225,6 +225,8 @@ class Trainer {
   int consecutive_skips_ = 0;
   int64_t hang_at_step_ = 0;  // TRAINFLOW_TEST_HANG_AT (tests of the supervisor): hang in this step
   std::string hang_marker_;   // ... once: created when the hang begins
+  int64_t fail_at_step_ = 0;  // TRAINFLOW_TEST_FAIL_AT_STEP: SIGKILL itself when starting this step or a later one
+  int step_delay_ms_ = 0;     // TRAINFLOW_TEST_STEP_DELAY_MS: sleep this long in every step (slow jobs for tests)
   int rollbacks_ = 0;
 };
 

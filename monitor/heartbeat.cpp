@@ -217,14 +217,17 @@ struct HeartbeatClient::Impl {
 
   json Heartbeat() const {
     const ProgressSnapshot p = ReadProgress();
-    return {{"type", "hb"},
+    json hb = {{"type", "hb"},
             {"step", p.step},
             {"phase", PhaseName(p.phase)},
             {"progress", p.progress},
             {"checkpoint", p.checkpoint_step},
             {"step_time", p.step_time},
             {"start_step", p.start_step},
-            {"first_step_time", p.first_step_time}};
+            {"first_step_time", p.first_step_time},
+            {"checkpoint_bytes", p.checkpoint_bytes}};
+    if (std::string url = MetricsUrl(); !url.empty()) hb["metrics_url"] = std::move(url);
+    return hb;
   }
 
   // One connection, until it fails or stop.

