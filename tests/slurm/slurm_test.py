@@ -330,6 +330,20 @@ def case_submit(ctx):
     for line in ["#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=10", "#SBATCH --requeue",
                  "#SBATCH --signal=B:USR1@120", "umask 077", "exec "]:
         assert line in dry.stdout, f"the dry-run script lacks {line!r}:\n{dry.stdout}"
+    # Bad input is refused before anything is queued, naming the problem.
+    for extra, train, needle in [(["--time", "1", "--warning", "120"], JOB, "--time 1"),
+                                 (["--job-name", "-x"], JOB, "--job-name"),
+                                 (["--time", "5:99"], JOB, "--time"),
+                                 ([], ["--model", "configs/model/nope.json"], "nope.json")]:
+        p = subprocess.run([ctx.args.trainflow, "slurm", "submit", "--dir", os.path.join(ctx.args.work, "refused"),
+                            *extra, "--", "train", *train], cwd=ctx.args.tree, capture_output=True, text=True,
+                           env=ctx.cluster.env)
+        assert p.returncode == 2 and needle in p.stderr, f"{extra} {train[:2]}: rc {p.returncode}: {p.stderr}"
+    assert not os.path.exists(os.path.join(ctx.args.work, "refused")), "a refused submit wrote its directory"
+    env = {k: v for k, v in ctx.cluster.env.items() if not k.startswith("SLURM_JOB")}
+    p = subprocess.run([ctx.args.trainflow, "slurm", "run", "--dir", os.path.join(ctx.args.work, "refused"), "--",
+                        "train", *JOB], cwd=ctx.args.tree, capture_output=True, text=True, env=env)
+    assert p.returncode == 2 and "inside a Slurm allocation" in p.stderr, p.stderr
     job, d = submit(ctx, "submit", ["--nodes", "2"])
     ctx.cluster.wait_job(job, timeout=180)
     text = job_log(d)
@@ -447,6 +461,16 @@ def case_tenants(ctx):
             assert http_status(url, other_token) == 401, f"{url} answered {other}'s token"
             assert http_status(url, token) == 200, f"{url} refused its own job's token"
         ports[u] = {int(x.rsplit(":", 1)[1].split("/")[0]) for x in urls} | {st["job"]["port"]}
+        def scrape():
+            req = urllib.request.Request(e["supervisor"] + "/metrics", headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(req, timeout=5) as r:
+                text = r.read().decode()
+            tokens = [l for l in text.splitlines() if l.startswith("trainflow_job_tokens_total")]
+            return text if tokens and float(tokens[0].split()[-1]) > 0 else None
+        text = wait_for(scrape, 60, f"{u}'s supervisor to count tokens", interval=0.5)
+        for family in ["trainflow_job_node_hours_total", "trainflow_job_tokens_total",
+                       "trainflow_job_checkpoint_bytes_total", "trainflow_launch_restarts_total"]:
+            assert family in text, f"the supervisor's /metrics lacks {family}"
         # The other tenant cannot read anything of this job.
         for path in [dirs[u], os.path.join(dirs[u], "metrics.token"), os.path.join(dirs[u], "launch", "secret"),
                      os.path.join(dirs[u], "checkpoints"), os.path.join(dirs[u], "job.sbatch")]:
