@@ -271,8 +271,7 @@ class Ctx:
 def submit(ctx, name, extra=(), train_extra=(), env=None, user=None, jobdir=None):
     """`trainflow slurm submit` of the test job; returns (job id, job directory)."""
     d = jobdir or os.path.join(ctx.args.work, name)
-    cmd = [ctx.args.trainflow, "slurm", "submit", "--job-name", f"tf-{name}", "--dir", d, "--heartbeat-interval",
-           "0.5", *extra, "--", "train", *JOB, "--out_dir", os.path.join(d, "out"), *train_extra]
+    cmd = [ctx.args.trainflow, "slurm", "submit", "--job-name", f"tf-{name}", "--dir", d, *extra, "--", "train", *JOB, "--out_dir", os.path.join(d, "out"), *train_extra]
     e = dict(ctx.cluster.env, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", **(env or {}))
     if user:
         cmd = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in e.items() if k.startswith(("SLURM_", "OMP_", "TRAINFLOW_"))]] + cmd
@@ -354,7 +353,10 @@ def case_submit(ctx):
         f"losses differ from mpirun's: {[(s, got[s], ref.get(s)) for s in sorted(got) if got[s] != ref.get(s)][:5]}"
     same_weights(ctx, d, "submit")
     usage = read_json(os.path.join(d, "usage.json"))
-    assert usage["tokens"] == STEPS * 2 * 8 * 32, f"tokens trained {usage['tokens']} != {STEPS * 2 * 8 * 32}"
+    # Every step's tokens once (more when a restart on a loaded machine redid some steps).
+    exact = STEPS * 2 * 8 * 32
+    assert usage["tokens"] == exact or (usage["restarts"] > 0 and usage["tokens"] > exact), \
+        f"tokens trained {usage['tokens']} != {exact} ({usage['restarts']} restarts)"
     assert usage["checkpoint_bytes"] > 0 and usage["node_hours"] > 0, usage
     log(f"submit: {len(got)} logged losses equal mpirun's; usage {usage['tokens']} tokens, "
         f"{usage['checkpoint_bytes']} checkpoint bytes")
