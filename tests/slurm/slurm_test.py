@@ -2,6 +2,7 @@
 """TrainFlow on a real Slurm cluster started by this test (CTest; stdlib only). docs/slurm.md.
 
   python3 tests/slurm/slurm_test.py --trainflow build/trainflow --source . [--only NAME ...] [--keep]
+                                    [--report FILE]   (the measured figures as JSON: scripts/bench_slurm.py)
 
 The cluster: munged, slurmctld and six slurmd (node1..node6) on this machine, all on loopback, with
 their own slurm.conf in a temporary directory (several slurmd on one host work when each has its own
@@ -52,6 +53,7 @@ JOB = ["--model", "configs/model/byte-tiny.json", "--train", "configs/train/fort
        "--batch_size", "8", "--seq_len", "32", "--eval_interval", "0", "--sample_interval", "0",
        "--log_interval", "100", "--checkpoint_interval", "100", "--max_steps", str(STEPS)]
 TENANTS = ["tftenant1", "tftenant2"]
+FORTUNES = "/usr/share/games/fortunes"  # Debian's fortunes (scripts/install_deps.sh)
 LOCK = threading.Lock()
 
 
@@ -266,6 +268,16 @@ class Ctx:
         self.args = args
         self.cluster = cluster
         self.ref = None
+        self.figures = {}  # what the cases measured, for --report
+
+    def figure(self, name, value):
+        with LOCK:
+            self.figures[name] = value
+
+
+def requeue_gaps(runs):
+    """Seconds from each run's end to the next run's start: Slurm's requeue and the supervisor's start."""
+    return [round(b["started"] - a["ended"], 2) for a, b in zip(runs, runs[1:])]
 
 
 def submit(ctx, name, extra=(), train_extra=(), env=None, user=None, jobdir=None):
@@ -374,6 +386,7 @@ def case_requeue(ctx):
     assert runs[-1]["outcome"] == "finished", runs
     assert f"resumed" in job_log(d) or "resum" in job_log(d), "no resume in the log"
     same_weights(ctx, d, "requeue")
+    ctx.figure("requeue_gap_s", requeue_gaps(runs))
     log(f"requeue: stopped at step {runs[0]['final_step']} on Slurm's SIGTERM, resumed, bit-identical")
 
 
@@ -391,6 +404,9 @@ def case_timelimit(ctx):
     assert "time limit warning (SIGUSR1)" in text and "requeueing job" in text, text[-3000:]
     assert "DUE TO TIME LIMIT" not in text, "a run reached its time limit"
     same_weights(ctx, d, "timelimit")
+    # How long before the 60 s limit each warned run stopped (its checkpoint committed by then).
+    ctx.figure("timelimit_stop_before_limit_s", [round(60 - (r["ended"] - r["started"]), 1) for r in warned])
+    ctx.figure("timelimit_requeue_gap_s", requeue_gaps(runs))
     log(f"timelimit: {len(warned)} run(s) stopped at a checkpoint before the limit "
         f"(steps {[r['final_step'] for r in warned]}), requeued; bit-identical")
 
@@ -416,6 +432,8 @@ def case_preempt(ctx):
     assert runs[-1]["outcome"] == "finished" and len(runs) >= 2, runs
     assert ctx.cluster.job(urgent).get("JobState") == "COMPLETED", ctx.cluster.job(urgent)
     same_weights(ctx, d, "preempt")
+    ctx.figure("preempt_stop_s", round(stopped, 2))
+    ctx.figure("preempt_requeue_gap_s", requeue_gaps(runs))
     log(f"preempt: checkpoint of step {runs[0]['final_step']} within {stopped:.1f} s of the preemption; "
         f"requeued, resumed, bit-identical")
 
@@ -520,6 +538,7 @@ def case_badnode(ctx):
     runs = usage_runs(d)
     assert runs[0]["outcome"] == "too_few_hosts" and runs[-1]["outcome"] == "finished", runs
     same_weights(ctx, d, "badnode")
+    ctx.figure("badnode_resubmit_gap_s", requeue_gaps(runs)[-1])
     log(f"badnode: node3 quarantined, drained, job {job} resubmitted as {nxt} on {second.get('NodeList')}; "
         f"bit-identical")
 
@@ -546,7 +565,13 @@ def shared_tree(args):
     tree = os.path.join(args.work, "tree")
     os.makedirs(os.path.join(tree, "data"))
     shutil.copytree(os.path.join(args.source, "configs"), os.path.join(tree, "configs"))
-    shutil.copytree(os.path.join(args.source, "data", "fortunes"), os.path.join(tree, "data", "fortunes"))
+    corpus = os.path.join(tree, "data", "fortunes")
+    if os.path.exists(os.path.join(args.source, "data", "fortunes", "train.bin")):
+        shutil.copytree(os.path.join(args.source, "data", "fortunes"), corpus)
+    else:  # a fresh checkout: the corpus from Debian's fortunes, as the quickstart makes it
+        r = subprocess.run([args.trainflow, "prepare", "--input", FORTUNES, "--delimiter", "%", "--val-fraction",
+                            "0.05", "--out-dir", corpus], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, f"trainflow prepare of {FORTUNES} failed: {r.stdout}{r.stderr}"
     exe = os.path.join(tree, "trainflow")
     shutil.copy2(args.trainflow, exe)
     for dirpath, dirnames, filenames in os.walk(tree):
@@ -563,6 +588,7 @@ def main():
     ap.add_argument("--source", required=True)
     ap.add_argument("--only", nargs="*", choices=sorted(CASES))
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--report", help="write the measured figures (seconds) to this JSON file")
     args = ap.parse_args()
     args.trainflow = os.path.abspath(args.trainflow)
     args.source = os.path.abspath(args.source)
@@ -571,8 +597,8 @@ def main():
     if os.geteuid() != 0 or missing:
         print(f"needs root and Slurm (slurm-wlm, munge): skipped ({'missing ' + ', '.join(missing) if missing else 'not root'})")
         return SKIP
-    if not os.path.exists(os.path.join(args.source, "data", "fortunes", "train.bin")):
-        print("the fortunes corpus (data/fortunes) is missing: skipped")
+    if not os.path.exists(os.path.join(args.source, "data", "fortunes", "train.bin")) and not os.path.isdir(FORTUNES):
+        print(f"the fortunes corpus is missing (neither data/fortunes nor {FORTUNES}): skipped")
         return SKIP
     args.work = tempfile.mkdtemp(prefix="tf-slurm-")
     os.chmod(args.work, 0o755)
@@ -581,6 +607,7 @@ def main():
     cluster = Cluster(args.work, args.keep)
     failed = []
     t_start = time.time()
+    ctx = None
     try:
         if "tenants" in names:
             for u in TENANTS:
@@ -594,6 +621,7 @@ def main():
         ctx = Ctx(args, cluster)
         reference(ctx)
         log(f"mpirun reference: {STEPS} steps in {time.time() - t_start:.1f} s since the start")
+        ctx.figure("setup_and_reference_s", round(time.time() - t_start, 1))
         results = {}
 
         def run_case(name):
@@ -601,6 +629,7 @@ def main():
             try:
                 CASES[name](ctx)
                 results[name] = None
+                ctx.figure(f"{name}_wall_s", round(time.time() - t0, 1))
                 log(f"{name}: passed in {time.time() - t0:.1f} s")
             except Exception as e:  # noqa: BLE001 — every failure is reported with its case
                 results[name] = e
@@ -628,6 +657,10 @@ def main():
         else:
             shutil.rmtree(args.work, ignore_errors=True)
     log(f"{'FAILED: ' + ', '.join(failed) if failed else 'all passed'} in {time.time() - t_start:.1f} s")
+    if args.report:
+        figures = dict(ctx.figures if ctx else {}, total_s=round(time.time() - t_start, 1), failed=failed)
+        with open(args.report, "w") as f:
+            json.dump(figures, f, indent=1)
     return 1 if failed else 0
 
 
