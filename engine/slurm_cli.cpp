@@ -86,9 +86,33 @@ std::string UtcNow(const char* format) {
   return buf;
 }
 
+// --group: a group that exists and that this user may give files to (a member of it, or root).
+StatusOr<gid_t> CheckGroup(const std::string& group) {
+  const struct group* g = ::getgrnam(group.c_str());
+  if (g == nullptr) return Status::InvalidArgument("--group '{}': no such group", group);
+  const gid_t gid = g->gr_gid;
+  if (::geteuid() == 0 || ::getegid() == gid) return gid;
+  std::vector<gid_t> mine(static_cast<size_t>(std::max(0, ::getgroups(0, nullptr))));
+  const int n = ::getgroups(static_cast<int>(mine.size()), mine.data());
+  for (int i = 0; i < n; ++i) {
+    if (mine[static_cast<size_t>(i)] == gid) return gid;
+  }
+  return Status::InvalidArgument("--group '{}': you are not a member of it, so the job's files cannot be given to it",
+                                 group);
+}
+
+// Files of the job: owner-only, or also readable by --group.
+mode_t FileMode(const std::string& group) { return group.empty() ? 0600 : 0640; }
+
 // The job directory: created owner-only (or owner + `group`, read-only for the group, new files
 // inheriting the group).
 Status PrepareDir(const std::string& dir, const std::string& group) {
+  gid_t gid = 0;
+  if (!group.empty()) {  // before anything is created
+    auto g = CheckGroup(group);
+    if (!g.ok()) return g.status();
+    gid = *g;
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::IOError("cannot create the job directory '{}': {}", dir, ec.message());
@@ -96,9 +120,7 @@ Status PrepareDir(const std::string& dir, const std::string& group) {
     if (::chmod(dir.c_str(), 0700) != 0) return Status::IOError("cannot chmod '{}': {}", dir, std::strerror(errno));
     return Status::OK();
   }
-  const struct group* g = ::getgrnam(group.c_str());
-  if (g == nullptr) return Status::InvalidArgument("--group '{}': no such group", group);
-  if (::chown(dir.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+  if (::chown(dir.c_str(), static_cast<uid_t>(-1), gid) != 0) {
     return Status::IOError("cannot give '{}' to group {}: {}", dir, group, std::strerror(errno));
   }
   if (::chmod(dir.c_str(), 02750) != 0) return Status::IOError("cannot chmod '{}': {}", dir, std::strerror(errno));
@@ -279,6 +301,9 @@ int RunSubmit(const SlurmCommands& c) {
   if (!c.exclude.empty()) {
     if (auto e = slurm::ExpandNodeList(c.exclude); !e.ok()) return Fail(e.status().WithContext("--exclude"));
   }
+  if (!c.group.empty()) {
+    if (auto g = CheckGroup(c.group); !g.ok()) return Fail(g.status());
+  }
   const std::string dir = fs::absolute(c.dir.empty() ? "trainflow-jobs/" + name : c.dir).lexically_normal().string();
 
   // The job's command: checkpoints are what a requeued run resumes from, so it always has them.
@@ -319,7 +344,7 @@ int RunSubmit(const SlurmCommands& c) {
   ::umask(c.group.empty() ? 077 : 027);
   if (Status s = PrepareDir(dir, c.group); !s.ok()) return Fail(s);
   const std::string script_path = dir + "/job.sbatch";
-  if (Status s = WriteFile(script_path, script, 0700); !s.ok()) return Fail(s);
+  if (Status s = WriteFile(script_path, script, c.group.empty() ? 0700 : 0750); !s.ok()) return Fail(s);
   json meta = ReadJson(dir + "/job.json");
   meta["name"] = name;
   meta["owner"] = UserName();
@@ -329,7 +354,7 @@ int RunSubmit(const SlurmCommands& c) {
     meta["exclude"] = json::array();
     if (!c.exclude.empty()) meta["exclude"] = *slurm::ExpandNodeList(c.exclude);
   }
-  if (Status s = WriteFile(dir + "/job.json", meta.dump(2) + "\n", 0600); !s.ok()) return Fail(s);
+  if (Status s = WriteFile(dir + "/job.json", meta.dump(2) + "\n", FileMode(c.group)); !s.ok()) return Fail(s);
   std::string out;
   const int rc = RunCommand({c.sbatch, "--parsable", script_path}, 60.0, &out);
   if (rc != 0) {
@@ -453,7 +478,7 @@ int RunInAllocation(const SlurmCommands& c) {
   std::ifstream(token_path) >> token;
   if (token.size() < 32) {
     token = monitor::RandomHex(32);
-    if (Status s = WriteFile(token_path, token + "\n", 0600); !s.ok()) return Fail(s);
+    if (Status s = WriteFile(token_path, token + "\n", FileMode(c.group)); !s.ok()) return Fail(s);
   }
   std::vector<std::string> train_args = c.command;
   if (train.metrics_addr == TrainConfig{}.metrics_addr && !HasFlag(c.command, "--metrics_addr")) {
@@ -472,6 +497,7 @@ int RunInAllocation(const SlurmCommands& c) {
   o.startup_timeout_s = c.startup_timeout;
   o.quarantine.max_failures = c.quarantine_after;
   o.state_dir = dir + "/launch";
+  o.group_readable = !c.group.empty();
   o.launcher = "srun";
   o.srun = c.srun;
   o.srun_args = c.srun_args;
@@ -514,7 +540,7 @@ int RunInAllocation(const SlurmCommands& c) {
   usage = {{"node_hours", u.node_seconds / 3600.0}, {"gpu_hours", u.gpu_seconds / 3600.0}, {"tokens", u.tokens},
            {"checkpoint_bytes", u.checkpoint_bytes}, {"restarts", u.restarts},             {"requeues", u.requeues},
            {"runs", runs}};
-  (void)WriteFile(dir + "/usage.json", usage.dump(2) + "\n", 0600);
+  (void)WriteFile(dir + "/usage.json", usage.dump(2) + "\n", FileMode(c.group));
   Say(fmt::format("usage so far: {:.4f} node-hours, {:.4f} GPU-hours, {} tokens trained, {} of checkpoints, {} "
                   "restart{}, {} requeue{} ({}/usage.json)",
                   u.node_seconds / 3600.0, u.gpu_seconds / 3600.0, u.tokens, HumanBytes(static_cast<double>(u.checkpoint_bytes)),
@@ -577,7 +603,7 @@ int RunInAllocation(const SlurmCommands& c) {
     }
     excluded.insert(bad.begin(), bad.end());
     meta["exclude"] = std::vector<std::string>(excluded.begin(), excluded.end());
-    (void)WriteFile(dir + "/job.json", meta.dump(2) + "\n", 0600);
+    (void)WriteFile(dir + "/job.json", meta.dump(2) + "\n", FileMode(c.group));
     if (!budget_left) {
       Say(fmt::format("too few healthy nodes ({}) and the requeue budget of {} is spent", why, c.requeue_budget));
       return kExitRetryable;

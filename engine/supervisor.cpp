@@ -344,7 +344,8 @@ Status Supervisor::Open() {
   std::error_code ec;
   fs::create_directories(o_.state_dir, ec);
   if (ec) return Status::IOError("cannot create the launch state directory '{}': {}", o_.state_dir, ec.message());
-  ::chmod(o_.state_dir.c_str(), 0700);
+  // Group-readable: the setgid parent's group, kept by files created below (02750).
+  ::chmod(o_.state_dir.c_str(), o_.group_readable ? 02750 : 0700);
   const std::string lock = o_.state_dir + "/lock";
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd_ < 0) return Status::IOError("cannot open '{}': {}", lock, std::strerror(errno));
@@ -546,7 +547,7 @@ Status Supervisor::Launch() {
     argv.insert(argv.end(), train.begin(), train.end());
   }
   }
-  const int log_fd = ::open(job.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int log_fd = ::open(job.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, o_.group_readable ? 0640 : 0600);
   if (log_fd < 0) return Status::IOError("cannot create '{}': {}", job.log_path, std::strerror(errno));
   {
     std::string cmdline;
@@ -712,7 +713,7 @@ void Supervisor::WriteEndpoints() {
   const std::string text = e.dump(2) + "\n";
   if (text == endpoints_written_) return;
   const std::string tmp = o_.endpoints_path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, o_.group_readable ? 0640 : 0600);
   if (fd < 0) return;
   const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   ::close(fd);

@@ -77,6 +77,9 @@ struct LaunchOptions {
   int accounted_gpus = 0;
   int64_t requeues = 0;              // Slurm requeues before this run
   std::string endpoints_path;        // "": not written; else the metrics endpoints (owner-only JSON)
+  // state_dir, its logs, state, incidents and the endpoints file also readable by the group of
+  // state_dir's parent (`trainflow slurm --group`); the lock and the job's secret stay owner-only.
+  bool group_readable = false;
 };
 
 // How a supervised run ended (besides its exit code), for `trainflow slurm run`.

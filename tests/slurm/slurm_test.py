@@ -13,6 +13,8 @@ node3 fails, as on a bad node: its TaskProlog sets TRAINFLOW_TEST_FAIL_AT_STEP).
 Every case submits with `trainflow slurm submit` the same small CPU job (byte-tiny, 2 ranks) and
 compares it with that job run by plain mpirun (the reference): the final weights bit-identical.
   submit    2 nodes x 1 rank under srun --mpi=pmix: runs to completion; its losses equal mpirun's.
+            With --group tfteam: the group's member reads its logs, checkpoints, outputs and token
+            (not its secret); another user reads nothing.
   requeue   `scontrol requeue` mid-run: the requeued run resumes from the checkpoint written on
             Slurm's SIGTERM; bit-identical.
   timelimit --time 1 with the warning signal: the supervisor checkpoints on SIGUSR1 and requeues
@@ -30,6 +32,7 @@ stopped by PID at the end, whatever happens. Exit status: 0 passed, 1 failed, 77
 import argparse
 import json
 import os
+import grp
 import pwd
 import shutil
 import signal
@@ -53,6 +56,7 @@ JOB = ["--model", "configs/model/byte-tiny.json", "--train", "configs/train/fort
        "--batch_size", "8", "--seq_len", "32", "--eval_interval", "0", "--sample_interval", "0",
        "--log_interval", "100", "--checkpoint_interval", "100", "--max_steps", str(STEPS)]
 TENANTS = ["tftenant1", "tftenant2"]
+TEAM = "tfteam"  # tftenant2 is a member: the submit case's job is readable by that group (--group)
 FORTUNES = "/usr/share/games/fortunes"  # Debian's fortunes (scripts/install_deps.sh)
 LOCK = threading.Lock()
 
@@ -345,6 +349,7 @@ def case_submit(ctx):
     for extra, train, needle in [(["--time", "1", "--warning", "120"], JOB, "--time 1"),
                                  (["--job-name", "-x"], JOB, "--job-name"),
                                  (["--time", "5:99"], JOB, "--time"),
+                                 (["--group", "tf-no-such-group"], JOB, "tf-no-such-group"),
                                  ([], ["--model", "configs/model/nope.json"], "nope.json")]:
         p = subprocess.run([ctx.args.trainflow, "slurm", "submit", "--dir", os.path.join(ctx.args.work, "refused"),
                             *extra, "--", "train", *train], cwd=ctx.args.tree, capture_output=True, text=True,
@@ -355,8 +360,9 @@ def case_submit(ctx):
     p = subprocess.run([ctx.args.trainflow, "slurm", "run", "--dir", os.path.join(ctx.args.work, "refused"), "--",
                         "train", *JOB], cwd=ctx.args.tree, capture_output=True, text=True, env=env)
     assert p.returncode == 2 and "inside a Slurm allocation" in p.stderr, p.stderr
-    job, d = submit(ctx, "submit", ["--nodes", "2"])
+    job, d = submit(ctx, "submit", ["--nodes", "2", "--group", TEAM])
     ctx.cluster.wait_job(job, timeout=180)
+    check_group_readable(ctx, d)
     text = job_log(d)
     assert "2 ranks on node1 x1, node2 x1" in text, f"not one rank on each of the 2 nodes:\n{text[-3000:]}"
     assert "srun pid" in text and "launched by srun" in text, "the ranks were not launched by srun"
@@ -372,6 +378,34 @@ def case_submit(ctx):
     assert usage["checkpoint_bytes"] > 0 and usage["node_hours"] > 0, usage
     log(f"submit: {len(got)} logged losses equal mpirun's; usage {usage['tokens']} tokens, "
         f"{usage['checkpoint_bytes']} checkpoint bytes")
+
+
+def check_group_readable(ctx, d):
+    """--group TEAM: everything the job wrote belongs to TEAM and is readable by it, but by nobody
+    else; the heartbeat secret and the lock stay owner-only."""
+    gid = grp.getgrnam(TEAM).gr_gid
+    owner_only = {os.path.join(d, "launch", "secret"), os.path.join(d, "launch", "lock")}
+    for dirpath, dirnames, filenames in os.walk(d):
+        for path in [dirpath] + [os.path.join(dirpath, n) for n in filenames]:
+            st = os.lstat(path)
+            mode = st.st_mode & 0o7777
+            assert mode & 0o007 == 0, f"{path} can be read by others (mode {mode:o})"
+            if path in owner_only:
+                assert mode & 0o077 == 0, f"{path} is not owner-only (mode {mode:o})"
+                continue
+            assert st.st_gid == gid, f"{path} does not belong to group {TEAM}"
+            want = 0o050 if os.path.isdir(path) else 0o040
+            assert mode & want == want, f"{path} is not readable by group {TEAM} (mode {mode:o})"
+    member, outsider = TENANTS[1], TENANTS[0]
+    logs = [f for f in os.listdir(d) if f.startswith("slurm-") and f.endswith(".out")]
+    readable = [os.path.join(d, logs[0]), os.path.join(d, "out", "metrics.jsonl"), os.path.join(d, "metrics.token"),
+                os.path.join(d, "usage.json"), os.path.join(d, "launch", "gen-0001.log"), os.path.join(d, "checkpoints")]
+    for path in readable:
+        p = ctx.cluster.run("cat" if os.path.isfile(path) else "ls", path, check=False, user=member)
+        assert p.returncode == 0, f"{member} (in {TEAM}) cannot read {path}: {p.stderr}"
+    for path, who in [(os.path.join(d, "launch", "secret"), member), (d, outsider)]:
+        p = ctx.cluster.run("cat" if os.path.isfile(path) else "ls", path, check=False, user=who)
+        assert p.returncode != 0 and "Permission denied" in p.stderr, f"{who} could read {path}"
 
 
 def case_requeue(ctx):
@@ -603,19 +637,25 @@ def main():
     args.work = tempfile.mkdtemp(prefix="tf-slurm-")
     os.chmod(args.work, 0o755)
     names = args.only or list(CASES)
-    created_users = []
+    created_users, created_groups = [], []
     cluster = Cluster(args.work, args.keep)
     failed = []
     t_start = time.time()
     ctx = None
     try:
-        if "tenants" in names:
+        if "tenants" in names or "submit" in names:
             for u in TENANTS:
                 try:
                     pwd.getpwnam(u)
                 except KeyError:
                     subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", u], check=True)
                     created_users.append(u)
+            try:
+                grp.getgrnam(TEAM)
+            except KeyError:
+                subprocess.run(["groupadd", "--system", TEAM], check=True)
+                created_groups.append(TEAM)
+            subprocess.run(["gpasswd", "--add", TENANTS[1], TEAM], check=True, capture_output=True)
         shared_tree(args)
         cluster.start()
         ctx = Ctx(args, cluster)
@@ -648,6 +688,8 @@ def main():
         cluster.stop()
         for u in created_users:
             subprocess.run(["userdel", u], capture_output=True)
+        for g in created_groups:
+            subprocess.run(["groupdel", g], capture_output=True)
         if failed or args.keep:
             log(f"work directory kept: {args.work}")
             for f in sorted(os.listdir(os.path.join(args.work, "log"))) if os.path.isdir(os.path.join(args.work, "log")) else []:
