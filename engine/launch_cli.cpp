@@ -1,8 +1,10 @@
 #include "engine/launch_cli.h"
 
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -10,10 +12,13 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/env.h"
 #include "engine/cli.h"
 #include "engine/supervisor.h"
 #include "engine/train_config.h"
 #include "model/config.h"
+#include "monitor/heartbeat.h"
+#include "monitor/server.h"
 #include "monitor/system_metrics.h"
 
 namespace tf {
@@ -25,13 +30,15 @@ struct LaunchCommands {
   std::string metrics_addr = "127.0.0.1:9460";
   int np = 0, min_ranks = 1, max_ranks = 0, max_restarts = 10, quarantine_after = 3;
   double heartbeat_interval = 1.0, quarantine_window = 3600, health_interval = 30, startup_timeout = 300,
-         rescue_timeout = 60, backoff_max = 60, backoff_reset = 30;
+         rescue_timeout = 60, backoff_max = 60, backoff_reset = 30, late_timeout = 60;
   std::string hang_timeouts;
   std::vector<std::string> command;
   bool status = false, json = false;
   // health
   std::vector<std::string> dirs;
   double min_free_gb = 1.0;
+  std::string reach;
+  double reach_timeout = 2.0;
   bool quiet = false;
 };
 
@@ -81,6 +88,40 @@ int Fail(const Status& s) {
   return ExitCodeFor(s.code());
 }
 
+}  // namespace
+
+Status CheckProgram(const std::string& program, const std::string& what) {
+  if (program.empty()) return Status::InvalidArgument("{} is empty", what);
+  auto runnable = [](const std::string& p) {
+    struct stat st{};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) {
+    if (runnable(program)) return Status::OK();
+    return Status::InvalidArgument("{} '{}' is not an executable file", what, program);
+  }
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+  for (std::string d; std::getline(dirs, d, ':');) {
+    if (runnable((d.empty() ? std::string(".") : d) + "/" + program)) return Status::OK();
+  }
+  return Status::InvalidArgument("{} '{}' is not found on PATH", what, program);
+}
+
+CLI::Validator FiniteRange(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < lo || v > hi) {
+          return fmt::format("'{}' is not a number in [{}, {}]", text, lo, hi);
+        }
+        return "";
+      },
+      fmt::format("FLOAT in [{} - {}]", lo, hi));
+}
+
+namespace {
+
 int RunLaunch(const LaunchCommands& c) {
   if (c.status) {
     if (c.state_dir.empty()) return Fail(Status::InvalidArgument("--status needs --state-dir"));
@@ -98,11 +139,10 @@ int RunLaunch(const LaunchCommands& c) {
   if (Status s = ResolveTrainCommand(o.train_args, &model, &train); !s.ok()) return Fail(s);
   if (!c.hostfile.empty() && c.np > 0) return Fail(Status::InvalidArgument("give --hostfile or --np, not both"));
   if (!c.hostfile.empty()) {
-    std::ifstream f(c.hostfile);
-    if (!f) return Fail(Status::NotFound("cannot read the hostfile '{}'", c.hostfile));
-    std::stringstream text;
-    text << f.rdbuf();
-    auto hosts = launch::ParseHostfile(text.str(), c.hostfile);
+    // A FIFO or a directory is refused without blocking (Env opens regular files only).
+    auto text = Env::Default()->ReadFileToString(c.hostfile, uint64_t{64} << 20);
+    if (!text.ok()) return Fail(text.status().WithContext("the hostfile"));
+    auto hosts = launch::ParseHostfile(*text, c.hostfile);
     if (!hosts.ok()) return Fail(hosts.status());
     o.hosts = *hosts;
     o.hostfile = c.hostfile;
@@ -116,6 +156,11 @@ int RunLaunch(const LaunchCommands& c) {
   }
   o.max_restarts = c.max_restarts;
   o.heartbeat_interval_s = c.heartbeat_interval;
+  o.late_timeout_s = c.late_timeout;
+  if (o.late_timeout_s < 2 * o.heartbeat_interval_s) {
+    return Fail(Status::InvalidArgument("--late-timeout {} s is shorter than two heartbeat intervals ({} s)",
+                                        o.late_timeout_s, 2 * o.heartbeat_interval_s));
+  }
   if (Status s = ParseHangTimeouts(c.hang_timeouts, &o); !s.ok()) return Fail(s);
   o.startup_timeout_s = c.startup_timeout;
   o.rescue_timeout_s = c.rescue_timeout;
@@ -126,6 +171,7 @@ int RunLaunch(const LaunchCommands& c) {
   o.health_command = c.health_command;
   o.health_interval_s = c.health_interval;
   o.mpirun = c.mpirun;
+  if (Status s = CheckProgram(o.mpirun, "--mpirun"); !s.ok()) return Fail(s);
   std::istringstream words(c.mpirun_args);
   for (std::string w; words >> w;) o.mpirun_args.push_back(w);
   o.rsh_agent = c.rsh_agent;
@@ -134,6 +180,7 @@ int RunLaunch(const LaunchCommands& c) {
   o.global_rows = int64_t{train.batch_size} * train.grad_accum_steps * std::max(1, launch::TotalSlots(o.hosts));
   if (o.max_ranks > 0) o.global_rows = int64_t{train.batch_size} * train.grad_accum_steps * o.max_ranks;
   o.max_batch_size = train.batch_size;
+  o.tokens_per_step = o.global_rows * train.seq_len;
   o.has_checkpoints = !train.checkpoint_dir.empty();
   if (!o.has_checkpoints) {
     spdlog::warn("the job has no checkpoint_dir: a restart after a failure starts from step 0");
@@ -163,6 +210,20 @@ int RunLaunch(const LaunchCommands& c) {
 // `trainflow health`: can a rank start here (this process did), free space where the run writes, and
 // the GPUs NVML sees without uncorrected ECC errors.
 int RunHealth(const LaunchCommands& c) {
+  if (!c.reach.empty()) {
+    // Only: does this host reach the supervisor (the probe of a silent rank on another host)?
+    monitor::ServerOptions addr;
+    if (Status s = monitor::ParseHostPort(c.reach, &addr); !s.ok()) return Fail(s.WithContext("--reach"));
+    std::string error;
+    const int fd = monitor::ConnectWithin(addr.host, addr.port, c.reach_timeout, &error);
+    if (fd < 0) {
+      fmt::print(stderr, "unreachable: {}\n", error);
+      return kExitRetryable;
+    }
+    ::close(fd);
+    if (!c.quiet) fmt::print("reached {}\n", c.reach);
+    return kExitOk;
+  }
   std::vector<std::string> problems;
   std::vector<std::string> dirs = c.dirs.empty() ? std::vector<std::string>{"."} : c.dirs;
   for (const std::string& d : dirs) {
@@ -228,7 +289,12 @@ std::shared_ptr<LaunchCommands> AddLaunchCommands(CLI::App& app) {
   l->add_option("--max-restarts", c->max_restarts, "Restart budget")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   l->add_option("--state-dir", c->state_dir, "The supervisor's state (default: OUT_DIR/launch)");
   l->add_option("--heartbeat-interval", c->heartbeat_interval, "Seconds between heartbeats (a dead rank is found within two)")
-      ->check(CLI::Range(0.05, 60.0))
+      ->check(FiniteRange(0.05, 60.0))
+      ->capture_default_str();
+  l->add_option("--late-timeout", c->late_timeout,
+                "Seconds of silence before a rank that is alive and reachable (late: a loaded or paused machine) "
+                "counts as failed; lateness never counts towards a quarantine")
+      ->check(FiniteRange(0.1, 1e6))
       ->capture_default_str();
   l->add_option("--heartbeat-addr", c->heartbeat_addr,
                 "HOST[:PORT] the ranks reach the supervisor at (default 127.0.0.1 when every host is this machine)");
@@ -236,17 +302,26 @@ std::shared_ptr<LaunchCommands> AddLaunchCommands(CLI::App& app) {
                 "[PHASE=]SECONDS[,...] without progress before a rank counts as hung (no PHASE: the step's "
                 "phases), e.g. 30 or compute=60,checkpoint=900; defaults in docs/fault-tolerance.md")
 ;
-  l->add_option("--startup-timeout", c->startup_timeout, "Seconds for every rank to start")->capture_default_str();
-  l->add_option("--rescue-timeout", c->rescue_timeout, "Seconds for a survivor to save its state")->capture_default_str();
+  l->add_option("--startup-timeout", c->startup_timeout, "Seconds for every rank to start")
+      ->check(FiniteRange(1, 1e6))
+      ->capture_default_str();
+  l->add_option("--rescue-timeout", c->rescue_timeout, "Seconds for a survivor to save its state")
+      ->check(FiniteRange(1, 1e6))
+      ->capture_default_str();
   l->add_option("--quarantine-after", c->quarantine_after, "Failures of a host within the window that quarantine it")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  l->add_option("--quarantine-window", c->quarantine_window, "Seconds")->capture_default_str();
+  l->add_option("--quarantine-window", c->quarantine_window, "Seconds")->check(FiniteRange(1, 1e9))->capture_default_str();
   l->add_option("--health-check", c->health_command,
                 "Shell command run on a quarantined host (with `trainflow health`); exit 0 readmits it");
-  l->add_option("--health-interval", c->health_interval, "Seconds between health checks")->capture_default_str();
-  l->add_option("--backoff-max", c->backoff_max, "Longest wait before a restart (seconds)")->capture_default_str();
+  l->add_option("--health-interval", c->health_interval, "Seconds between health checks")
+      ->check(FiniteRange(0.1, 1e6))
+      ->capture_default_str();
+  l->add_option("--backoff-max", c->backoff_max, "Longest wait before a restart (seconds)")
+      ->check(FiniteRange(0, 1e6))
+      ->capture_default_str();
   l->add_option("--backoff-reset", c->backoff_reset, "A job healthy this long resets the backoff (seconds)")
+      ->check(FiniteRange(0, 1e6))
       ->capture_default_str();
   l->add_option("--mpirun", c->mpirun, "The launcher")->capture_default_str();
   l->add_option("--mpirun-args", c->mpirun_args, "Extra mpirun arguments, space-separated (MCA settings)");
@@ -263,6 +338,8 @@ std::shared_ptr<LaunchCommands> AddLaunchCommands(CLI::App& app) {
   h->add_option("--dir", c->dirs, "A directory the run writes (repeatable; default .)");
   h->add_option("--min-free-gb", c->min_free_gb, "Least free space")->capture_default_str();
   h->add_flag("--quiet", c->quiet, "No output when healthy");
+  h->add_option("--reach", c->reach, "Only check that a TCP connection to HOST:PORT opens (exit 0; 3 when it does not)");
+  h->add_option("--timeout", c->reach_timeout, "Seconds to wait for --reach")->check(CLI::Range(0.1, 60.0))->capture_default_str();
   return c;
 }
 

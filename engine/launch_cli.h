@@ -4,10 +4,19 @@
 // RunLaunchCommand runs the one parsed and returns the exit code. docs/fault-tolerance.md.
 #pragma once
 #include <memory>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "base/status.h"
+
 namespace tf {
+
+// A CLI11 check: a finite number in [lo, hi] (CLI::Range lets NaN through).
+CLI::Validator FiniteRange(double lo, double hi);
+// OK when `program` (a path, or a name looked up on PATH) is an executable file; else
+// InvalidArgument naming `what` (the flag).
+Status CheckProgram(const std::string& program, const std::string& what);
 
 struct LaunchCommands;
 std::shared_ptr<LaunchCommands> AddLaunchCommands(CLI::App& app);

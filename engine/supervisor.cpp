@@ -29,6 +29,7 @@
 
 #include "base/env.h"
 #include "base/subprocess.h"
+#include "engine/slurm_util.h"
 #include "monitor/heartbeat.h"
 #include "monitor/metrics.h"
 #include "monitor/prometheus_util.h"
@@ -50,6 +51,35 @@ extern "C" void OnSupervisorWarning(int) { g_warnings.fetch_add(1); }
 double WallNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+constexpr uint64_t kMaxStateBytes = uint64_t{256} << 20;
+constexpr uint64_t kMaxHostfileBytes = uint64_t{64} << 20;
+
+// JSON from a file the supervisor keeps; nesting beyond 64 levels is refused before it is built.
+StatusOr<json> ParseLimitedJson(const std::string& text, const std::string& source) {
+  constexpr int kMaxDepth = 64;
+  bool too_deep = false;
+  json j = json::parse(
+      text,
+      [&](int depth, json::parse_event_t, json&) {
+        if (depth > kMaxDepth) too_deep = true;
+        return !too_deep;
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep) return Status::InvalidArgument("'{}' is nested more than {} levels deep", source, kMaxDepth);
+  if (j.is_discarded()) return Status::InvalidArgument("'{}' is not valid JSON", source);
+  return j;
+}
+
+StatusOr<json> ReadStateFile(const std::string& path) {
+  TF_ASSIGN_OR_RETURN(std::string text, Env::Default()->ReadFileToString(path, kMaxStateBytes));
+  TF_ASSIGN_OR_RETURN(json st, ParseLimitedJson(text, path));
+  if (!st.is_object()) return Status::InvalidArgument("'{}' is not a supervisor state (not a JSON object)", path);
+  if (!st.contains("version") || !st["version"].is_number_integer()) {
+    return Status::InvalidArgument("'{}' is not a supervisor state (no version)", path);
+  }
+  return st;
+}
+
 double Mono() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::string IsoTime(double unix_s) {
@@ -123,6 +153,10 @@ struct RankInfo {
   bool closed = false;
   int64_t checkpoint_bytes = 0;  // the process's own count (accounted as it grows)
   std::string metrics_url;
+  // Late: silent for more than two intervals while its process is alive and its host reaches the
+  // supervisor. Not a failure until late_timeout_s; never counted against its host.
+  double late_since = 0;      // Mono() of the last heartbeat before it went late (0: not late)
+  double late_probe_at = 0;   // Mono() of the last probe while late
 };
 
 struct Job {
@@ -142,6 +176,7 @@ struct Job {
   // The training progress this launch made (rank 0): first and last (step, time) seen.
   int64_t first_step = -1, last_step = -1;
   double first_step_time = 0, last_step_time = 0;
+  bool accounted = false;     // AccountGeneration ran: its productive time is in productive_s_
   int64_t start_step = -1;     // the step it resumed at (first heartbeat)
   bool mpirun_exited = false;
   int mpirun_status = 0;
@@ -178,6 +213,9 @@ class LaunchMetrics : public monitor::MetricsSource {
     std::vector<prometheus::MetricFamily> out;
     out.push_back(Single("trainflow_launch_restarts_total", "Restarts of the job after a failure.",
                          MetricType::Counter, num(s, "restarts")));
+    out.push_back(Single("trainflow_launch_late_total",
+                         "Ranks found late (silent, alive, reachable; not failures) by this supervisor.",
+                         MetricType::Counter, num(s, "late")));
     auto by = [&](const char* name, const char* help, const char* label, const char* key) {
       prometheus::MetricFamily f = Family(name, help, MetricType::Counter);
       const json by_key = s.value(key, json::object());
@@ -252,10 +290,18 @@ class Supervisor {
   void TailLog();
   std::optional<json> Detect();  // a failure to recover from, or nothing
   std::string Probe(const RankInfo& r, std::string* detail);
+  // For a silent rank alive on another host: "cut_off" when that host cannot open a connection to the
+  // heartbeat address (a partition), else "silent" (late).
+  std::string ProbeReach(const RankInfo& r, std::string* detail);
+  // Where the ranks reach the heartbeat server: HOST:PORT ([HOST]:PORT for IPv6).
+  std::string HeartbeatAddress() const;
   void KillRank(const RankInfo& r);
   void Recover(json incident, const std::set<int>& culprits);
   void Teardown(double deadline_s);
   void AccountGeneration(int64_t kept_until_step);
+  // The running generation's productive time so far (its steps since it started x time per step);
+  // AccountGeneration adds what is kept when it ends.
+  double RunningProductive() const;
   double HangTimeout(const std::string& phase) const;
   // Applies the last round's results and starts a new round in the background (`wait`: and waits
   // for it and applies it).
@@ -299,6 +345,14 @@ class Supervisor {
   int64_t failed_generation_ = 0;
   std::map<std::string, int64_t> failures_by_cause_;
   std::map<std::string, int64_t> failures_by_host_;
+  int64_t late_episodes_ = 0;     // ranks found late (not failures)
+  bool save_failed_ = false;      // the last Save could not write state.json (said once)
+  int64_t rejected_ = 0;          // heartbeat connections that did not authenticate
+  int rejected_logged_ = 0;
+  double rejected_summary_at_ = 0;
+  int budget_base_ = 0;           // restarts of earlier supervisors that ended: outside this run's budget
+  std::string ended_;             // why this supervisor ended (Finish); "" while it runs
+  double last_watch_ = 0;         // Mono() of the watch loop's last poll (0: no job)
   int64_t final_step_ = -1;
   bool stopping_ = false;         // the user asked the supervisor to stop
   bool time_warning_ = false;     // ... because of SIGUSR1 (Slurm's time-limit warning)
@@ -361,7 +415,9 @@ Status Supervisor::Open() {
   (void)!::pwrite(lock_fd_, pid.data(), pid.size(), 0);
   // The job's secret: made once, kept for supervisor restarts (the running ranks know it).
   const std::string secret_path = o_.state_dir + "/secret";
-  std::ifstream(secret_path) >> secret_;
+  if (auto text = Env::Default()->ReadFileToString(secret_path, 4096); text.ok()) {
+    secret_ = text->substr(0, text->find_first_of(" \n"));
+  }
   if (secret_.size() < 32) {
     secret_ = monitor::RandomHex(32);
     const int fd = ::open((secret_path + ".tmp").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -377,10 +433,9 @@ Status Supervisor::Open() {
   book_.SetHosts(o_.hosts);
   if (!o_.hostfile.empty()) hostfile_mtime_ = fs::last_write_time(o_.hostfile, ec);
   // A previous supervisor's state: hosts, restarts, accounting, and maybe a job still running.
-  std::ifstream in(o_.state_dir + "/state.json");
-  if (in) {
-    json st = json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!st.is_object()) return Status::Corruption("'{}/state.json' is not JSON", o_.state_dir);
+  const std::string state_path = o_.state_dir + "/state.json";
+  if (std::error_code e; fs::symlink_status(state_path, e).type() != fs::file_type::not_found) {
+    TF_ASSIGN_OR_RETURN(json st, ReadStateFile(state_path));
     if (st.contains("hosts")) {
       TF_ASSIGN_OR_RETURN(book_, HostBook::FromJson(st["hosts"], o_.quarantine));
       book_.SetHosts(o_.hosts);
@@ -390,7 +445,21 @@ Status Supervisor::Open() {
     }
     generation_ = st.value("generation", int64_t{0});
     restarts_ = st.value("restarts", 0);
-    productive_s_ = st.value("productive_s", 0.0);
+    // A supervisor that ended by itself (finished, stopped, gave up) leaves a rerun a budget of its
+    // own; one killed mid-run (then adopted or resumed here) leaves the count running.
+    if (!st.value("ended", std::string()).empty()) {
+      budget_base_ = restarts_;
+      if (restarts_ > 0) {
+        Say(fmt::format("earlier runs of this job restarted it {} time(s) ({}/state.json; the last ended: {}); this "
+                        "run has --max-restarts {} of its own",
+                        restarts_, o_.state_dir, st.value("ended", std::string()), o_.max_restarts));
+      }
+    } else if (restarts_ > 0) {
+      Say(fmt::format("continuing the restart count of a supervisor that did not end: {} restart(s) so far of at most "
+                      "{}",
+                      restarts_, o_.max_restarts));
+    }
+    productive_s_ = st.value("productive_accounted_s", st.value("productive_s", 0.0));
     downtime_s_ = st.value("downtime_s", 0.0);
     prior_wall_s_ = st.value("wall_s", 0.0);
     if (st.contains("failures_by_cause")) failures_by_cause_ = st["failures_by_cause"].get<std::map<std::string, int64_t>>();
@@ -428,9 +497,12 @@ void Supervisor::Save() {
   st["backoff"] = backoff_.ToJson();
   const double wall = prior_wall_s_ + (WallNow() - run_started_wall_);
   st["wall_s"] = wall;
-  st["productive_s"] = productive_s_;
+  const double productive = productive_s_ + RunningProductive();
+  st["productive_s"] = productive;
   st["downtime_s"] = downtime_s_;
-  st["effective_ratio"] = wall > 0 ? productive_s_ / wall : 0.0;
+  st["effective_ratio"] = wall > 0 ? productive / wall : 0.0;
+  st["late"] = late_episodes_;
+  st["productive_accounted_s"] = productive_s_;
   st["failures_by_cause"] = failures_by_cause_;
   st["failures_by_host"] = failures_by_host_;
   st["final_step"] = final_step_;
@@ -458,16 +530,19 @@ void Supervisor::Save() {
                  {"ranks", ranks}};
   }
   st["status"] = job_ ? "running" : (final_step_ >= 0 ? "done" : "waiting");
+  st["ended"] = ended_;
+  st["budget_base"] = budget_base_;
   json states = json::array();
   for (const HostEntry& h : o_.hosts) states.push_back({{"name", h.name}, {"state", HostStateName(book_.state(h.name))}});
   st["host_states"] = states;
   metrics_.Update(st);
-  const std::string path = o_.state_dir + "/state.json";
-  std::ofstream out(path + ".tmp", std::ios::trunc);
-  out << st.dump(2) << "\n";
-  out.close();
-  std::error_code ec;
-  fs::rename(path + ".tmp", path, ec);
+  // Durable and atomic: a crash or a full disk leaves the previous state for the next supervisor.
+  if (Status s = Env::Default()->WriteFileAtomically(o_.state_dir + "/state.json", st.dump(2) + "\n"); !s.ok()) {
+    if (!save_failed_) spdlog::error("cannot save the supervisor's state: {}", s.ToString());
+    save_failed_ = true;
+  } else {
+    save_failed_ = false;
+  }
 }
 
 void Supervisor::Incident(json record) {
@@ -497,10 +572,7 @@ Status Supervisor::Launch() {
   job.plan = plan;
   job.hosts = AssignRanks(usable, plan.world);
   job.log_path = fmt::format("{}/gen-{:04d}.log", o_.state_dir, job.generation);
-  const std::string address = fmt::format("{}:{}", o_.heartbeat_host.find(':') != std::string::npos
-                                                       ? "[" + o_.heartbeat_host + "]"
-                                                       : o_.heartbeat_host,
-                                          server_->port());
+  const std::string address = HeartbeatAddress();
   std::vector<std::string> train = o_.train_args;
   train.insert(train.end(), {"--batch_size", std::to_string(plan.batch_size), "--grad_accum_steps",
                              std::to_string(plan.grad_accum_steps)});
@@ -546,6 +618,20 @@ Status Supervisor::Launch() {
                              "/usr/bin/env", "TRAINFLOW_HOST=" + h.name, o_.trainflow});
     argv.insert(argv.end(), train.begin(), train.end());
   }
+  }
+  {
+    // The kernel refuses a command line (with the environment) over ARG_MAX: say so once, not retry.
+    size_t bytes = 0;
+    for (const std::string& a : argv) bytes += a.size() + 1 + sizeof(char*);
+    for (char** e = environ; *e != nullptr; ++e) bytes += std::strlen(*e) + 1 + sizeof(char*);
+    const long arg_max = ::sysconf(_SC_ARG_MAX);
+    if (arg_max > 0 && bytes > static_cast<size_t>(arg_max)) {
+      --generation_;
+      return Status::InvalidArgument("the {} command line for {} host(s) would be {} bytes with the environment, over "
+                                     "this system's limit of {} (ARG_MAX): use fewer hosts (--max-ranks) or more "
+                                     "slots per host",
+                                     argv[0], job.hosts.size(), bytes, arg_max);
+    }
   }
   const int log_fd = ::open(job.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, o_.group_readable ? 0640 : 0600);
   if (log_fd < 0) return Status::IOError("cannot create '{}': {}", job.log_path, std::strerror(errno));
@@ -645,7 +731,16 @@ void Supervisor::HandleEvents(const std::vector<monitor::HeartbeatServer::Event>
   using Event = monitor::HeartbeatServer::Event;
   for (const Event& e : events) {
     if (e.kind == Event::kRejected) {
-      spdlog::warn("heartbeat connection from {} rejected: {}", e.peer, e.error);
+      // A crowd of strangers must not flood the log: the first few, then a count every 10 s.
+      ++rejected_;
+      const double now = Mono();
+      if (rejected_logged_ < 5) {
+        ++rejected_logged_;
+        spdlog::warn("heartbeat connection from {} rejected: {}", e.peer, e.error);
+      } else if (now - rejected_summary_at_ > 10) {
+        spdlog::warn("{} heartbeat connections rejected so far (the last from {}: {})", rejected_, e.peer, e.error);
+        rejected_summary_at_ = now;
+      }
       continue;
     }
     if (e.kind == Event::kHello) {
@@ -665,6 +760,7 @@ void Supervisor::HandleEvents(const std::vector<monitor::HeartbeatServer::Event>
       r.ppid = e.body.value("ppid", int64_t{0});
       if (const std::string step = e.body.value("slurm_step", ""); !step.empty()) job_->slurm_step = step;
       r.last_hb = Mono();
+      r.late_since = 0;
       r.closed = false;
       conn_rank_[e.conn] = rank;
       continue;
@@ -737,6 +833,11 @@ ResourceUsage Supervisor::Usage() const {
 
 void Supervisor::OnMessage(int rank, const json& m) {
   RankInfo& r = job_->ranks[rank];
+  if (r.late_since > 0) {
+    spdlog::info("rank {} on {} is heartbeating again after {:.1f} s of silence (late, not failed)", rank, r.host,
+                 Mono() - r.late_since);
+    r.late_since = 0;
+  }
   r.last_hb = Mono();
   const std::string type = m.value("type", "");
   if (type == "hb") {
@@ -859,7 +960,30 @@ std::string Supervisor::Probe(const RankInfo& r, std::string* detail) {
     return "stopped";
   }
   if (state == 'Z' || state == 0) return "gone";
-  *detail = fmt::format("the process is alive (state {}) but silent: a network partition or a stuck heartbeat", state);
+  *detail = fmt::format("the process is alive (state {})", state);
+  return "silent";
+}
+
+std::string Supervisor::HeartbeatAddress() const {
+  const bool v6 = o_.heartbeat_host.find(':') != std::string::npos;
+  return fmt::format("{}:{}", v6 ? "[" + o_.heartbeat_host + "]" : o_.heartbeat_host, server_ ? server_->port() : 0);
+}
+
+std::string Supervisor::ProbeReach(const RankInfo& r, std::string* detail) {
+  const std::string address = HeartbeatAddress();
+  std::string out;
+  const int rc = RunCommand(RemoteArgv(r.host, fmt::format("{} health --reach {} --timeout 2", slurm::ShellQuote(o_.trainflow),
+                                                            slurm::ShellQuote(address))),
+                            UsesSrun() ? 8.0 : 6.0, &out);
+  if (rc == kExitRetryable) {
+    *detail += fmt::format("; its host cannot connect to the supervisor at {}: a network partition", address);
+    return "cut_off";
+  }
+  if (rc != 0) {
+    *detail += fmt::format("; could not check that its host reaches the supervisor (exit {})", rc);
+  } else {
+    *detail += "; its host reaches the supervisor";
+  }
   return "silent";
 }
 
@@ -913,18 +1037,41 @@ std::optional<json> Supervisor::Detect() {
                                                                             missing, o_.startup_timeout_s)}};
     }
   }
-  // Unresponsive: no heartbeat for two intervals.
+  // Silent for two intervals: the probe tells stopped, gone, unreachable and cut-off ranks (failures
+  // at once) from late ones (alive, reachable: a loaded machine, a paused VM, a reclaim stall), which
+  // get late_timeout_s and never count against their host.
   for (auto& [rank, r] : job.ranks) {
     if (r.conn < 0 || r.exited) continue;
     const double silent = now - r.last_hb;
-    if (silent > 2 * o_.heartbeat_interval_s) {
-      std::string detail;
-      const std::string state = Probe(r, &detail);
-      const std::string kind = state == "stopped" ? "hung" : state == "unreachable" ? "lost_host" : state == "gone" ? "dead" : "unresponsive";
-      return json{{"kind", kind}, {"rank", rank}, {"host", r.host}, {"step", r.step}, {"phase", r.phase},
-                  {"detail", fmt::format("no heartbeat for {:.1f} s; {}", silent, detail.empty() ? state : detail)},
-                  {"detected_after_s", silent}};
+    if (silent <= 2 * o_.heartbeat_interval_s) continue;
+    const bool late = r.late_since > 0;
+    // While late, probe again every interval (a remote probe costs a remote shell: every 5 s).
+    const double reprobe = IsLocalHost(r.host) ? o_.heartbeat_interval_s : std::max(5.0, o_.heartbeat_interval_s);
+    if (late && now - r.late_probe_at < reprobe && silent <= o_.late_timeout_s) continue;
+    std::string detail;
+    std::string state = Probe(r, &detail);
+    if (state == "silent" && !IsLocalHost(r.host)) state = ProbeReach(r, &detail);
+    r.late_probe_at = Mono();
+    if (state == "silent") {
+      if (silent > o_.late_timeout_s) {
+        return json{{"kind", "unresponsive"}, {"rank", rank}, {"host", r.host}, {"step", r.step}, {"phase", r.phase},
+                    {"detail", fmt::format("no heartbeat for {:.1f} s (--late-timeout {:.0f} s); {}", silent,
+                                           o_.late_timeout_s, detail)},
+                    {"detected_after_s", silent}, {"late", true}};
+      }
+      if (!late) {
+        r.late_since = r.last_hb;
+        ++late_episodes_;
+        spdlog::warn("rank {} on {} is late: no heartbeat for {:.1f} s; {}; not a failure before {:.0f} s (--late-timeout)",
+                     rank, r.host, silent, detail, o_.late_timeout_s);
+      }
+      continue;
     }
+    const std::string kind = state == "stopped" ? "hung" : state == "unreachable" ? "lost_host" : state == "gone" ? "dead"
+                                                                                                        : "unresponsive";
+    return json{{"kind", kind}, {"rank", rank}, {"host", r.host}, {"step", r.step}, {"phase", r.phase},
+                {"detail", fmt::format("no heartbeat for {:.1f} s; {}", silent, detail.empty() ? state : detail)},
+                {"detected_after_s", silent}};
   }
   // A rank that reported a failure of its own (after a moment: when a peer died, its connection's
   // close may arrive just after the survivor's report, and the dead one is the cause).
@@ -978,8 +1125,19 @@ void Supervisor::PollFor(double seconds, const std::function<bool()>& done) {
   }
 }
 
+double Supervisor::RunningProductive() const {
+  if (!job_ || job_->accounted || job_->first_step < 0 || job_->last_step <= job_->first_step || job_->start_step < 0) {
+    return 0;
+  }
+  const double per_step =
+      (job_->last_step_time - job_->first_step_time) / static_cast<double>(job_->last_step - job_->first_step);
+  if (!std::isfinite(per_step) || per_step <= 0) return 0;
+  return per_step * static_cast<double>(std::max<int64_t>(0, job_->last_step - job_->start_step));
+}
+
 void Supervisor::AccountGeneration(int64_t kept_until_step) {
   Job& job = *job_;
+  job.accounted = true;
   if (job.first_step < 0 || job.last_step <= job.first_step || job.start_step < 0) return;
   const double per_step = (job.last_step_time - job.first_step_time) / static_cast<double>(job.last_step - job.first_step);
   if (!std::isfinite(per_step) || per_step <= 0) return;
@@ -1201,6 +1359,8 @@ void Supervisor::Recover(json incident, const std::set<int>& culprits) {
   }
   failures_by_cause_[kind]++;
   std::vector<std::string> quarantined;
+  // Lateness is the machine's load, not the host's fault: it never counts towards a quarantine.
+  if (incident.value("late", false)) hosts.clear();
   for (const std::string& h : hosts) {
     failures_by_host_[h]++;
     if (book_.RecordFailure(h, WallNow(), kind)) quarantined.push_back(h);
@@ -1219,7 +1379,7 @@ void Supervisor::Recover(json incident, const std::set<int>& culprits) {
   job_.reset();
   const double delay = backoff_.NextDelay(Mono());
   next_launch_ = Mono() + delay;
-  if (delay > 0) Say(fmt::format("restarting in {:.1f} s (restart {} of at most {})", delay, restarts_, o_.max_restarts));
+  if (delay > 0) Say(fmt::format("restarting in {:.1f} s (restart {} of at most {})", delay, restarts_ - budget_base_, o_.max_restarts));
   Save();
 }
 
@@ -1276,9 +1436,12 @@ bool Supervisor::RereadHostfile() {
   const auto mtime = fs::last_write_time(o_.hostfile, ec);
   if (ec || mtime == hostfile_mtime_) return false;
   hostfile_mtime_ = mtime;
-  std::ifstream f(o_.hostfile);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  auto hosts = ParseHostfile(text, o_.hostfile);
+  auto text = Env::Default()->ReadFileToString(o_.hostfile, kMaxHostfileBytes);
+  if (!text.ok()) {
+    spdlog::warn("hostfile changed but cannot be read; keeping the previous hosts: {}", text.status().ToString());
+    return false;
+  }
+  auto hosts = ParseHostfile(*text, o_.hostfile);
   if (!hosts.ok()) {
     spdlog::warn("hostfile changed but is not valid; keeping the previous hosts: {}", hosts.status().ToString());
     return false;
@@ -1291,6 +1454,7 @@ bool Supervisor::RereadHostfile() {
 
 int Supervisor::Finish(int code, const std::string& why, const char* reason) {
   if (health_thread_.joinable()) health_thread_.join();
+  ended_ = reason;
   Say(why);
   if (outcome_ != nullptr) {
     outcome_->reason = reason;
@@ -1302,9 +1466,11 @@ int Supervisor::Finish(int code, const std::string& why, const char* reason) {
     outcome_->usage = Usage();
   }
   const double wall = prior_wall_s_ + (WallNow() - run_started_wall_);
-  Say(fmt::format("summary: {} restart(s), {:.1f} s down, effective training time {:.1f}% of {:.1f} s; incidents in "
-                  "{}/incidents.jsonl",
-                  restarts_, downtime_s_, wall > 0 ? 100.0 * productive_s_ / wall : 0.0, wall, o_.state_dir));
+  const double productive = productive_s_ + RunningProductive();
+  Say(fmt::format("summary: {} restart(s), {} late rank(s), {:.1f} s down, effective training time {:.1f}% of {:.1f} s; "
+                  "incidents in {}/incidents.jsonl",
+                  restarts_, late_episodes_, downtime_s_, wall > 0 ? 100.0 * productive / wall : 0.0, wall,
+                  o_.state_dir));
   Save();
   return code;
 }
@@ -1381,6 +1547,7 @@ int Supervisor::Run() {
       return Finish(kExitStopped, "stopped", time_warning_ ? "time_warning" : "stopped");
     }
     if (!job_) {
+      last_watch_ = 0;
       if (stopping_) {
         return Finish(kExitStopped, "stopped before the next launch", time_warning_ ? "time_warning" : "stopped");
       }
@@ -1388,9 +1555,11 @@ int Supervisor::Run() {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         continue;
       }
-      if (restarts_ > o_.max_restarts) {
-        return Finish(kExitRetryable, fmt::format("giving up: {} restarts, more than --max-restarts {}", restarts_,
-                                                  o_.max_restarts),
+      if (restarts_ - budget_base_ > o_.max_restarts) {
+        return Finish(kExitRetryable,
+                      fmt::format("giving up: {} restarts{}, more than --max-restarts {}", restarts_ - budget_base_,
+                                  budget_base_ > 0 ? fmt::format(" in this run ({} before it)", budget_base_) : "",
+                                  o_.max_restarts),
                       "budget");
       }
       Status s = Launch();
@@ -1413,7 +1582,18 @@ int Supervisor::Run() {
       }
       continue;
     }
+    // Time the supervisor itself was not running (a loaded or paused machine) is not the ranks' silence.
+    const double before = Mono();
+    if (last_watch_ > 0 && before - last_watch_ > std::max(1.0, o_.heartbeat_interval_s)) {
+      const double gap = before - last_watch_;
+      for (auto& [rank, r] : job_->ranks) {
+        r.last_hb += gap;
+        r.progress_at += gap;
+      }
+      spdlog::warn("the supervisor did not run for {:.1f} s; that time is not counted as the ranks' silence", gap);
+    }
     HandleEvents(server_->Poll(0.05));
+    last_watch_ = Mono();
     TailLog();
     const bool alive = MpirunAlive();
     bool all_exited = !job_->ranks.empty();
@@ -1553,15 +1733,18 @@ int RunSupervisor(const LaunchOptions& options, SupervisorOutcome* outcome) {
 }
 
 Status PrintLaunchStatus(const std::string& state_dir, bool as_json) {
-  std::ifstream in(state_dir + "/state.json");
-  if (!in) return Status::NotFound("no launch state in '{}' (no state.json)", state_dir);
-  json st = json::parse(in, nullptr, false);
-  if (!st.is_object()) return Status::Corruption("'{}/state.json' is not JSON", state_dir);
+  const std::string state_path = state_dir + "/state.json";
+  if (std::error_code e; fs::symlink_status(state_path, e).type() == fs::file_type::not_found) {
+    return Status::NotFound("no launch state in '{}' (no state.json)", state_dir);
+  }
+  TF_ASSIGN_OR_RETURN(json st, ReadStateFile(state_path));
   std::vector<json> incidents;
-  std::ifstream inc(state_dir + "/incidents.jsonl");
-  for (std::string line; std::getline(inc, line);) {
-    json j = json::parse(line, nullptr, false);
-    if (j.is_object()) incidents.push_back(std::move(j));
+  if (auto text = Env::Default()->ReadFileToString(state_dir + "/incidents.jsonl", kMaxStateBytes); text.ok()) {
+    std::istringstream lines(*text);
+    for (std::string line; std::getline(lines, line);) {
+      StatusOr<json> j = ParseLimitedJson(line, "incidents.jsonl");
+      if (j.ok() && j->is_object()) incidents.push_back(std::move(*j));
+    }
   }
   std::string holder;
   std::ifstream(state_dir + "/lock") >> holder;
@@ -1581,9 +1764,11 @@ Status PrintLaunchStatus(const std::string& state_dir, bool as_json) {
   }
   fmt::print("supervisor: {} (state {}, updated {})\n", running ? "running, pid " + holder : "not running",
              st.value("status", "?"), st.value("updated", "?"));
-  fmt::print("restarts: {} of at most {}; effective training time {:.1f}% of {:.1f} s; {:.1f} s down\n",
-             st.value("restarts", 0), st.value("max_restarts", 0), 100.0 * st.value("effective_ratio", 0.0),
-             st.value("wall_s", 0.0), st.value("downtime_s", 0.0));
+  const int base = st.value("budget_base", 0);
+  fmt::print("restarts: {} of at most {}{}; late ranks {}; effective training time {:.1f}% of {:.1f} s; {:.1f} s down\n",
+             st.value("restarts", 0) - base, st.value("max_restarts", 0),
+             base > 0 ? fmt::format(" ({} in earlier runs)", base) : "", st.value("late", 0),
+             100.0 * st.value("effective_ratio", 0.0), st.value("wall_s", 0.0), st.value("downtime_s", 0.0));
   if (st.contains("job") && st["job"].is_object()) {
     const json& j = st["job"];
     fmt::print("job: generation {}, {} rank(s), batch_size {} x grad_accum_steps {}, mpirun pid {}\n",

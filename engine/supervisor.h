@@ -42,6 +42,9 @@ struct LaunchOptions {
   int max_restarts = 10;
   std::string state_dir;
   double heartbeat_interval_s = 1.0;
+  // A rank silent for two intervals whose process is alive and whose host reaches the supervisor is
+  // late, not failed, until this many seconds of silence (docs/fault-tolerance.md "Detection").
+  double late_timeout_s = 60;
   std::string heartbeat_host = "127.0.0.1";  // where ranks reach the supervisor
   int heartbeat_port = 0;                     // 0: any free port
   // Progress timeouts by phase (seconds); phases not given use the defaults of docs/fault-tolerance.md.

@@ -47,6 +47,10 @@ class HeartbeatSession {
 // 2n random hex digits from the kernel's generator.
 std::string RandomHex(int n_bytes);
 
+// A TCP connection to host:port (numeric or resolved) within timeout_s: a non-blocking socket with
+// TCP_NODELAY, or -1 with the reason in *error (may be null).
+int ConnectWithin(const std::string& host, int port, double timeout_s, std::string* error);
+
 struct HeartbeatClientOptions {
   std::string address;          // "HOST:PORT" of the supervisor
   std::string secret;

@@ -12,7 +12,12 @@ breaks it on purpose; the uninterrupted run of the same job is the reference:
               intervals; the rescue is cross-checked between the 2 survivors; the job recovers.
   hang        a rank hangs in its forward pass while heartbeating (TRAINFLOW_TEST_HANG_AT): named
               (not the rank waiting for it) after --hang-timeout 3; recovered from step 299.
-  budget      --max-restarts 1 and two failures: the job stops with exit 3 and a summary.
+  freeze      a rank frozen for 4 s by the cgroup freezer (a VM pause, a reclaim stall): reported late,
+              not failed; no restart; bit-identical.
+  strangers   1,000 idle connections held on the heartbeat port: no failure; the supervisor holds a
+              bounded number of them.
+  budget      --max-restarts 1 and two failures: the job stops with exit 3 and a summary; the same
+              command again names the earlier restarts and runs with a budget of its own.
   corrupt     every rank killed at once (no survivor) with the newest checkpoint corrupted: the
               restart uses the previous valid one and still ends bit-identical.
   badconfig   a configuration error the ranks find (a missing data file): one clear stop, exit 2,
@@ -435,12 +440,157 @@ def case_budget(args):
         out = c.output()
         assert rc == 3 and "giving up: 2 restarts, more than --max-restarts 1" in out, f"budget: exit {rc}:\n{out[-2000:]}"
         assert "summary:" in out, "budget: no summary"
-        log("budget: stopped after the restart budget, with a summary")
+        # The same command again: the earlier restarts are named and this run has a budget of its own.
+        before = len(out)
+        p = c.start()
+        c.wait_step(1, timeout=60)
+        again = c.output()[before:]
+        assert "earlier runs of this job restarted it 2 time(s)" in again and "giving up" not in again, \
+            f"budget: rerun:\n{again[-2000:]}"
+        os.kill(p.pid, signal.SIGTERM)
+        rc = c.wait(p, 60)
+        assert rc == 5, f"budget: the rerun stopped with {rc}:\n{c.output()[before:][-2000:]}"
+        log("budget: stopped after the restart budget, with a summary; a rerun names the earlier restarts")
     finally:
         c.stop_all()
 
 
-CASES = {"kill9": case_kill9, "hang": case_hang, "budget": case_budget, "sigstop": case_sigstop, "corrupt": case_corrupt, "badconfig": case_badconfig,
+class Freezer:
+    """A cgroup whose processes the kernel's freezer stops and resumes (a VM pause or a reclaim stall,
+    as the process sees it: every thread off the CPU, not SIGSTOPped). v1 freezer or cgroup v2."""
+
+    def __init__(self, name):
+        v1 = "/sys/fs/cgroup/freezer"
+        v2 = next((d for d in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+                   if os.path.exists(os.path.join(d, "cgroup.subtree_control"))), None)
+        if os.path.exists(os.path.join(v1, "freezer.state")):
+            self.root, self.v2 = v1, False
+        elif v2:
+            self.root, self.v2 = v2, True
+        else:
+            raise OSError("no cgroup freezer")
+        self.path = os.path.join(self.root, name)
+        os.makedirs(self.path, exist_ok=True)
+        if self.v2 and not os.path.exists(os.path.join(self.path, "cgroup.freeze")):
+            self.remove()
+            raise OSError("cgroup v2 without cgroup.freeze")
+
+    def _write(self, name, value):
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(value)
+
+    def add(self, pid):
+        self._write("cgroup.procs", str(pid))
+
+    def freeze(self, frozen):
+        if self.v2:
+            self._write("cgroup.freeze", "1" if frozen else "0")
+            return
+        self._write("freezer.state", "FROZEN" if frozen else "THAWED")
+        end = time.time() + 5
+        want = "FROZEN" if frozen else "THAWED"
+        while time.time() < end:
+            with open(os.path.join(self.path, "freezer.state")) as f:
+                if f.read().strip() == want:
+                    return
+            time.sleep(0.01)
+
+    def remove(self):
+        try:
+            self.freeze(False)
+            with open(os.path.join(self.path, "cgroup.procs")) as f:
+                pids = [l.strip() for l in f if l.strip()]
+            for pid in pids:
+                with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
+                    f.write(pid)
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+
+def case_freeze(args):
+    """A rank frozen for 4 s (every thread off the CPU, state D): late, not failed; no restart, the job
+    finishes; SIGSTOP (case sigstop) is still caught within two intervals."""
+    steps = 1500
+    try:
+        fr = Freezer(f"tf-chaos-freeze-{os.getpid()}")
+    except OSError as e:
+        log(f"freeze: skipped ({e})")
+        return
+    c = Case(args, "freeze", steps)
+    try:
+        p = c.start()
+        c.wait_step(200)
+        pid, info = c.rank_pid(1)
+        fr.add(pid)
+        fr.freeze(True)
+        log(f"freeze: rank 1 (pid {pid}) frozen at step {info.get('step')}")
+        time.sleep(4)
+        fr.freeze(False)
+        rc = c.wait(p, 120)
+        out = c.output()
+        assert rc == 0, f"freeze: supervisor exit {rc}:\n{out[-3000:]}"
+        failures = [e for e in incidents(c.state) if e.get("kind") not in ("recovered", "readmitted")]
+        assert not failures, f"freeze: a frozen rank was taken for a failure: {failures}"
+        assert "rank 1 on" in out and "is late" in out, f"freeze: the lateness was not reported:\n{out[-3000:]}"
+        assert "heartbeating again" in out, f"freeze: the return was not reported:\n{out[-3000:]}"
+        same_weights(args, c, steps)
+        log("freeze: 4 s frozen, reported late, no failure, no restart; bit-identical")
+    finally:
+        fr.remove()
+        c.stop_all()
+
+
+def case_strangers(args):
+    """1,000 idle connections held on the heartbeat port while the job runs: no rank is taken for a
+    failure, and the supervisor never holds more than a bounded number of them."""
+    import resource
+    import socket
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1100
+    if hard != resource.RLIM_INFINITY and hard < want:
+        log(f"strangers: skipped (RLIMIT_NOFILE {hard})")
+        return
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    steps = 1500
+    c = Case(args, "strangers", steps)
+    socks = []
+    try:
+        p = c.start()
+        c.wait_step(100)
+        port = c.job().get("port")
+        assert port, f"strangers: no heartbeat port in the state: {c.job()}"
+        end = time.time() + 20
+        while len(socks) < 1000 and time.time() < end:
+            s = socket.socket()
+            s.settimeout(0.5)
+            try:
+                s.connect(("127.0.0.1", port))
+                socks.append(s)
+            except OSError:
+                s.close()
+        held = len(socks)
+        sup = p.pid
+        open_fds = len(os.listdir(f"/proc/{sup}/fd"))
+        time.sleep(3)
+        for s in socks:
+            s.close()
+        socks = []
+        rc = c.wait(p, 120)
+        out = c.output()
+        assert rc == 0, f"strangers: supervisor exit {rc}:\n{out[-3000:]}"
+        failures = [e for e in incidents(c.state) if e.get("kind") not in ("recovered", "readmitted")]
+        assert not failures, f"strangers: {held} idle connections caused failures: {failures}"
+        assert open_fds < 200, f"strangers: the supervisor held {open_fds} descriptors for {held} strangers"
+        same_weights(args, c, steps)
+        log(f"strangers: {held} idle connections; the supervisor held {open_fds} descriptors; no failure")
+    finally:
+        for s in socks:
+            s.close()
+        c.stop_all()
+
+
+CASES = {"kill9": case_kill9, "freeze": case_freeze, "strangers": case_strangers, "hang": case_hang, "budget": case_budget, "sigstop": case_sigstop, "corrupt": case_corrupt, "badconfig": case_badconfig,
          "supervisor": case_supervisor}
 
 

@@ -181,6 +181,50 @@ TEST(HeartbeatTest, WrongSecretAndStrangersAreRejected) {
   EXPECT_EQ((*server)->connections(), 0);
 }
 
+TEST(HeartbeatTest, IdleStrangersAreBoundedAndARankStillGetsIn) {
+  auto server = HeartbeatServer::Listen("127.0.0.1", 0, "k");
+  ASSERT_TRUE(server.ok());
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  std::vector<int> strangers;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    strangers.push_back(fd);
+    if (i % 16 == 0) (void)(*server)->Poll(0);
+  }
+  for (int i = 0; i < 20; ++i) (void)(*server)->Poll(0.01);
+  EXPECT_LE((*server)->connections(), 64) << "idle connections waiting to authenticate are bounded";
+  // A rank connecting now authenticates and heartbeats although the strangers stay connected.
+  HeartbeatClientOptions o;
+  o.address = "127.0.0.1:" + std::to_string((*server)->port());
+  o.secret = "k";
+  o.interval_s = 0.05;
+  o.identity = {{"rank", 0}};
+  auto client = HeartbeatClient::Start(o, [](const json&) {});
+  ASSERT_TRUE(client.ok());
+  auto events = PollUntil(**server, [](const auto& ev) { return Has(ev, Event::kMessage, "hb"); });
+  EXPECT_TRUE(Has(events, Event::kHello));
+  EXPECT_TRUE(Has(events, Event::kMessage, "hb"));
+  for (int fd : strangers) ::close(fd);
+}
+
+TEST(HeartbeatTest, ConnectWithinReportsWhyItFailed) {
+  auto server = HeartbeatServer::Listen("127.0.0.1", 0, "k");
+  ASSERT_TRUE(server.ok());
+  std::string error;
+  const int fd = ConnectWithin("127.0.0.1", (*server)->port(), 1.0, &error);
+  ASSERT_GE(fd, 0) << error;
+  ::close(fd);
+  const int port = (*server)->port();
+  server->reset();
+  EXPECT_LT(ConnectWithin("127.0.0.1", port, 1.0, &error), 0);
+  EXPECT_NE(error.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << error;
+  EXPECT_NE(error.find("refused"), std::string::npos) << error;
+}
+
 TEST(HeartbeatTest, BadOptionsAreErrors) {
   HeartbeatClientOptions o;
   o.address = "127.0.0.1:1";
