@@ -31,6 +31,10 @@ std::string NameProblem(std::string_view name) {
   if (name.size() > kMaxHostNameBytes) {
     return fmt::format("host name '{}' is longer than {} bytes", QuoteForMessage(name, 40), kMaxHostNameBytes);
   }
+  if (name.front() == '-' || name.front() == '.') {
+    // A remote shell (ssh) would read "-E..." as an option.
+    return fmt::format("host name '{}' starts with '{}'", QuoteForMessage(name, 80), name.front());
+  }
   for (size_t i = 0; i < name.size(); ++i) {
     if (!IsNameChar(name[i])) {
       return fmt::format("host name '{}' has '{}' at column {} (allowed: A-Z a-z 0-9 . _ : -)",

@@ -21,6 +21,7 @@
 
 #include "base/subprocess.h"
 #include "engine/cli.h"
+#include "engine/launch_cli.h"
 #include "engine/slurm_util.h"
 #include "engine/supervisor.h"
 #include "engine/train_config.h"
@@ -30,13 +31,15 @@
 namespace tf {
 
 struct SlurmCommands {
+  CLI::App* slurm = nullptr;
+  std::string unknown;  // a word after `slurm` that is no subcommand
   CLI::App* submit = nullptr;
   CLI::App* run = nullptr;
   // Shared by submit (written into the script) and run (what the script passes on).
   std::string dir, group, heartbeat_addr, srun = "srun";
   int ranks_per_node = 0, gpus_per_node = 0, min_nodes = 0, requeue_budget = 10, max_restarts = 10,
       quarantine_after = 2;
-  double heartbeat_interval = 1.0, startup_timeout = 300;
+  double heartbeat_interval = 1.0, startup_timeout = 300, late_timeout = 60;
   std::vector<std::string> srun_args;
   std::vector<std::string> command;
   // submit only
@@ -180,14 +183,23 @@ void AddRunOptions(CLI::App* a, SlurmCommands* c) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   a->add_option("--heartbeat-interval", c->heartbeat_interval, "Seconds between the ranks' heartbeats")
-      ->check(CLI::Range(0.05, 60.0))
+      ->check(FiniteRange(0.05, 60.0))
       ->capture_default_str();
-  a->add_option("--startup-timeout", c->startup_timeout, "Seconds for every rank to start")->capture_default_str();
+  a->add_option("--late-timeout", c->late_timeout,
+                "Seconds of silence before a rank that is alive and reachable counts as failed")
+      ->check(FiniteRange(0.1, 1e6))
+      ->capture_default_str();
+  a->add_option("--startup-timeout", c->startup_timeout, "Seconds for every rank to start")
+      ->check(FiniteRange(1, 1e6))
+      ->capture_default_str();
   a->add_option("--heartbeat-addr", c->heartbeat_addr,
                 "Address of this node the other nodes reach (default: the node's NodeAddr; 127.0.0.1 on one node)");
   a->add_option("--group", c->group, "Also let this group read the job's outputs (default: owner only)");
   a->add_option("--srun", c->srun, "The srun to use")->capture_default_str();
-  a->add_option("--srun-arg", c->srun_args, "An extra srun argument for the ranks' step (repeatable), e.g. --cpu-bind=cores");
+  a->add_option("--srun-arg", c->srun_args, "An extra srun argument for the ranks' step (repeatable), e.g. --cpu-bind=cores")
+      ->expected(1)
+      ->allow_extra_args(false)  // one word each: never the "--" and the train command after it
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   a->add_option("command", c->command, "-- train --model ... (the job)");
 }
 
@@ -294,8 +306,20 @@ int RunSubmit(const SlurmCommands& c) {
     }
   }
   for (const std::string& a : c.sbatch_args) {
-    if (!a.starts_with("--") || a.find('\n') != std::string::npos) {
-      return Fail(Status::InvalidArgument("--sbatch-arg '{}': one sbatch option, like --mail-type=END", a));
+    if (Status s = slurm::CheckSbatchOption(a); !s.ok()) return Fail(s);
+  }
+  // Every value that goes into the script is one Slurm accepts: never a newline, a space or an option.
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--partition", c.partition},
+                                    {"--account", c.account},
+                                    {"--qos", c.qos},
+                                    {"--constraint", c.constraint},
+                                    {"--mem", c.mem}}) {
+    if (value.empty()) continue;
+    if (Status s = slurm::CheckSbatchValue(flag, value); !s.ok()) return Fail(s);
+  }
+  for (const std::string& a : c.srun_args) {
+    if (a.empty() || a.find_first_of("\n\r") != std::string::npos) {
+      return Fail(Status::InvalidArgument("--srun-arg '{}': one srun option on one line", a));
     }
   }
   if (!c.exclude.empty()) {
@@ -305,6 +329,16 @@ int RunSubmit(const SlurmCommands& c) {
     if (auto g = CheckGroup(c.group); !g.ok()) return Fail(g.status());
   }
   const std::string dir = fs::absolute(c.dir.empty() ? "trainflow-jobs/" + name : c.dir).lexically_normal().string();
+  if (std::error_code ec; fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    return Fail(Status::InvalidArgument("--dir '{}' exists and is not a directory", dir));
+  }
+  if (!c.dry_run) {
+    if (Status s = CheckProgram(c.sbatch, "sbatch"); !s.ok()) {
+      return Fail(Status::InvalidArgument("{}: `slurm submit` runs on a Slurm cluster's login node (--sbatch names "
+                                          "another sbatch); nothing was written",
+                                          s.message()));
+    }
+  }
 
   // The job's command: checkpoints are what a requeued run resumes from, so it always has them.
   std::vector<std::string> train_args = c.command;
@@ -329,6 +363,7 @@ int RunSubmit(const SlurmCommands& c) {
                          std::to_string(c.max_restarts), "--quarantine-after", std::to_string(c.quarantine_after)});
   if (c.heartbeat_interval != 1.0) run.insert(run.end(), {"--heartbeat-interval", fmt::format("{}", c.heartbeat_interval)});
   if (c.startup_timeout != 300) run.insert(run.end(), {"--startup-timeout", fmt::format("{}", c.startup_timeout)});
+  if (c.late_timeout != 60) run.insert(run.end(), {"--late-timeout", fmt::format("{}", c.late_timeout)});
   if (!c.heartbeat_addr.empty()) run.insert(run.end(), {"--heartbeat-addr", c.heartbeat_addr});
   if (!c.group.empty()) run.insert(run.end(), {"--group", c.group});
   if (c.srun != "srun") run.insert(run.end(), {"--srun", c.srun});
@@ -342,9 +377,30 @@ int RunSubmit(const SlurmCommands& c) {
   }
 
   ::umask(c.group.empty() ? 077 : 027);
+  // What this submission creates goes again if sbatch refuses it: the outermost new directory.
+  std::string created;
+  for (fs::path p = fs::path(dir); !p.empty() && p != p.root_path(); p = p.parent_path()) {
+    std::error_code ec;
+    if (fs::exists(p, ec)) break;
+    created = p.string();
+  }
   if (Status s = PrepareDir(dir, c.group); !s.ok()) return Fail(s);
   const std::string script_path = dir + "/job.sbatch";
-  if (Status s = WriteFile(script_path, script, c.group.empty() ? 0700 : 0750); !s.ok()) return Fail(s);
+  const std::string pending = dir + "/job.sbatch.pending";
+  if (Status s = WriteFile(pending, script, c.group.empty() ? 0700 : 0750); !s.ok()) return Fail(s);
+  std::string out;
+  const int rc = RunCommand({c.sbatch, "--parsable", pending}, 60.0, &out);
+  if (rc != 0) {
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    std::error_code ec;
+    fs::remove(pending, ec);
+    if (!created.empty()) fs::remove_all(created, ec);
+    return Fail(Status::InvalidArgument("sbatch refused the job (exit {}): {}; nothing was submitted{}", rc, out,
+                                        created.empty() ? "" : " and nothing was left behind"));
+  }
+  if (std::error_code ec; fs::rename(pending, script_path, ec), ec) {
+    return Fail(Status::IOError("submitted, but cannot rename '{}' to '{}': {}", pending, script_path, ec.message()));
+  }
   json meta = ReadJson(dir + "/job.json");
   meta["name"] = name;
   meta["owner"] = UserName();
@@ -355,12 +411,6 @@ int RunSubmit(const SlurmCommands& c) {
     if (!c.exclude.empty()) meta["exclude"] = *slurm::ExpandNodeList(c.exclude);
   }
   if (Status s = WriteFile(dir + "/job.json", meta.dump(2) + "\n", FileMode(c.group)); !s.ok()) return Fail(s);
-  std::string out;
-  const int rc = RunCommand({c.sbatch, "--parsable", script_path}, 60.0, &out);
-  if (rc != 0) {
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-    return Fail(Status::Unavailable("sbatch {} failed (exit {}): {}", script_path, rc, out));
-  }
   std::string job_id = out.substr(0, out.find_first_of(";\n"));
   fmt::print("submitted job {} ({}): {} node{} x {} rank{}\n  script     {}\n  log        {}/slurm-{}.out\n"
              "  checkpoints {}\n  status     trainflow launch --status --state-dir {}/launch\n  usage      {}/usage.json\n",
@@ -493,6 +543,7 @@ int RunInAllocation(const SlurmCommands& c) {
   o.min_ranks = c.min_nodes > 0 ? std::min(total, c.min_nodes * fewest) : total;
   o.max_restarts = c.max_restarts;
   o.heartbeat_interval_s = c.heartbeat_interval;
+  o.late_timeout_s = c.late_timeout;
   o.heartbeat_host = HeartbeatHost(c, hosts.size());
   o.startup_timeout_s = c.startup_timeout;
   o.quarantine.max_failures = c.quarantine_after;
@@ -638,7 +689,9 @@ int RunInAllocation(const SlurmCommands& c) {
 std::shared_ptr<SlurmCommands> AddSlurmCommands(CLI::App& app) {
   auto c = std::make_shared<SlurmCommands>();
   auto* slurm = app.add_subcommand("slurm", "Run training jobs on a Slurm cluster (docs/slurm.md)");
-  slurm->require_subcommand(1);
+  c->slurm = slurm;
+  // An unknown word lands here (and is refused by name) instead of CLI11's "A subcommand is required".
+  slurm->add_option("subcommand", c->unknown, "submit or run");
   auto* s = slurm->add_subcommand(
       "submit", "Write an sbatch script for a training job and submit it: trainflow slurm submit --nodes 2 "
                 "--gpus-per-node 8 --time 4:00:00 -- train --model ...");
@@ -656,7 +709,10 @@ std::shared_ptr<SlurmCommands> AddSlurmCommands(CLI::App& app) {
   s->add_option("--exclude", c->exclude, "Nodes never to use (a Slurm host list)");
   s->add_option("--job-name", c->job_name, "Job name (default trainflow-DATE-TIME); also the default --dir and the "
                                            "S3 checkpoint prefix");
-  s->add_option("--sbatch-arg", c->sbatch_args, "An extra #SBATCH option (repeatable), e.g. --mail-type=END");
+  s->add_option("--sbatch-arg", c->sbatch_args, "An extra #SBATCH option (repeatable), e.g. --mail-type=END")
+      ->expected(1)
+      ->allow_extra_args(false)  // one word each: never the "--" and the train command after it
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   s->add_option("--sbatch", c->sbatch, "The sbatch to use")->capture_default_str();
   s->add_flag("--dry-run", c->dry_run, "Print the script; submit nothing");
   s->add_flag("--no-job-prefix", c->no_job_prefix,
@@ -669,8 +725,14 @@ std::shared_ptr<SlurmCommands> AddSlurmCommands(CLI::App& app) {
   return c;
 }
 
-bool SlurmCommandParsed(const SlurmCommands& c) { return c.submit->parsed() || c.run->parsed(); }
+bool SlurmCommandParsed(const SlurmCommands& c) { return c.slurm->parsed(); }
 
-int RunSlurmCommand(const SlurmCommands& c) { return c.submit->parsed() ? RunSubmit(c) : RunInAllocation(c); }
+int RunSlurmCommand(const SlurmCommands& c) {
+  if (c.submit->parsed()) return RunSubmit(c);
+  if (c.run->parsed()) return RunInAllocation(c);
+  return Fail(Status::InvalidArgument("{}: the slurm commands are submit and run (trainflow slurm --help)",
+                                      c.unknown.empty() ? std::string("no slurm command given")
+                                                        : fmt::format("unknown slurm command '{}'", c.unknown)));
+}
 
 }  // namespace tf

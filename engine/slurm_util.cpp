@@ -377,4 +377,47 @@ bool ValidJobName(const std::string& name) {
   return std::all_of(name.begin(), name.end(), [](char c) { return IsAlnum(c) || c == '_' || c == '.' || c == '-'; });
 }
 
+Status CheckSbatchValue(const std::string& flag, const std::string& value) {
+  auto refuse = [&](const std::string& why) {
+    return Status::InvalidArgument("{} '{}': {}", flag, QuoteForMessage(value, 80), why);
+  };
+  if (value.empty()) return refuse("empty");
+  if (value.size() > 1024) return refuse("longer than 1024 bytes");
+  if (value[0] == '-') return refuse("starts with '-' (it would read as another option)");
+  if (flag == "--mem") {
+    // Slurm: a whole number of megabytes, or with a unit K, M, G or T.
+    size_t digits = 0;
+    while (digits < value.size() && value[digits] >= '0' && value[digits] <= '9') ++digits;
+    const std::string unit = value.substr(digits);
+    if (digits == 0 || digits > 15 || !(unit.empty() || (unit.size() == 1 && std::string("KMGTkmgt").find(unit) != std::string::npos))) {
+      return refuse("expected a size like 4096, 200G or 2T (megabytes without a unit)");
+    }
+    return Status::OK();
+  }
+  // Names (partition, account, QOS: comma lists) and feature expressions (constraint: & | , * [ ] ( ) :).
+  const std::string extra = flag == "--constraint" ? ",&|*[]():!" : flag == "--account" ? "" : ",";
+  for (char c : value) {
+    if (!(IsAlnum(c) || c == '_' || c == '.' || c == '-' || extra.find(c) != std::string::npos)) {
+      return refuse(fmt::format("'{}' is not allowed (allowed: A-Z a-z 0-9 _ . -{}{})", QuoteForMessage(std::string(1, c)),
+                                extra.empty() ? "" : " ", extra));
+    }
+  }
+  return Status::OK();
+}
+
+Status CheckSbatchOption(const std::string& option) {
+  if (!option.starts_with("--") || option.size() < 3 || option[2] == '-') {
+    return Status::InvalidArgument("--sbatch-arg '{}': one sbatch long option, like --mail-type=END",
+                                   QuoteForMessage(option, 80));
+  }
+  for (char c : option) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == ' ') {
+      return Status::InvalidArgument("--sbatch-arg '{}': one option without spaces or control characters (one "
+                                     "--sbatch-arg per option)",
+                                     QuoteForMessage(option, 80));
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace tf::slurm

@@ -53,6 +53,13 @@ std::string FormatSlurmTime(int64_t seconds);
 // quotes with each ' written as '\''. REQUIRES: no NUL byte (sh cannot carry one).
 std::string ShellQuote(const std::string& s);
 
+// A value written into an #SBATCH line for `flag` (--partition, --account, --qos, --constraint,
+// --mem): what Slurm accepts there, never a newline, a space or a leading '-'. InvalidArgument names
+// the flag and the offending character.
+Status CheckSbatchValue(const std::string& flag, const std::string& value);
+// An --sbatch-arg: exactly one long option ("--name" or "--name=value"), no spaces or control characters.
+Status CheckSbatchOption(const std::string& option);
+
 // A job name trainflow writes: 1..64 characters of [A-Za-z0-9_.-], not starting with '-' or '.'.
 bool ValidJobName(const std::string& name);
 

@@ -68,6 +68,8 @@ TEST(HostfileTest, ErrorsNameSourceLineAndProblem) {
       {"slots=4\n", "line 1: host name 'slots=4' has '='"},
       {std::string(300, 'x') + "\n", "line 1: host name 'xxxx"},
       {"a\x01 slots=1\n", "line 1: host name 'a\\x01' has '\\x01' at column 2"},
+      {"a\n-Eoption slots=1\n", "line 2: host name '-Eoption' starts with '-'"},
+      {".hidden\n", "line 1: host name '.hidden' starts with '.'"},
       {"", "hosts.txt: no hosts"},
       {"# only comments\n\n   \n", "hosts.txt: no hosts"},
   };

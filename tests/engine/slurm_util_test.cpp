@@ -533,5 +533,34 @@ TEST(ValidJobNameTest, Rejects) {
   EXPECT_FALSE(ValidJobName(std::string("a\0b", 3)));
 }
 
+// ---- CheckSbatchValue / CheckSbatchOption ----------------------------------------------------------
+
+TEST(CheckSbatchValueTest, AcceptsWhatSlurmTakes) {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--partition", "gpu"}, {"--partition", "gpu,debug"}, {"--qos", "high"}, {"--account", "team_a.b-c"},
+           {"--constraint", "a100&(ib|roce)"}, {"--constraint", "[rack1*2&rack2*4]"}, {"--mem", "4096"},
+           {"--mem", "200G"}, {"--mem", "2t"}, {"--mem", "0"}}) {
+    EXPECT_TRUE(CheckSbatchValue(flag, value).ok()) << flag << " " << value;
+  }
+  for (const std::string o : {"--mail-type=END", "--exclusive", "--gres=gpu:8", "--comment=a,b"}) {
+    EXPECT_TRUE(CheckSbatchOption(o).ok()) << o;
+  }
+}
+
+TEST(CheckSbatchValueTest, RefusesNewlinesSpacesAndOptions) {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--partition", "gpu\ntouch /tmp/x"}, {"--partition", "gpu debug"}, {"--partition", ""},
+           {"--account", "a --uid=0"}, {"--account", "-Aother"}, {"--account", "a,b"}, {"--qos", "x;y"},
+           {"--constraint", "a\n#SBATCH --uid=0"}, {"--constraint", "$(id)"}, {"--mem", "lots"},
+           {"--mem", "200GB"}, {"--mem", "G"}, {"--mem", "-1"}, {"--mem", "12\n"}}) {
+    const Status s = CheckSbatchValue(flag, value);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << flag << " " << value;
+    EXPECT_TRUE(s.message().starts_with(flag)) << s.message();
+  }
+  for (const std::string o : {"", "X", "-x", "---x", "--", "--a b", "--a\n#SBATCH --b", "--a\tb", "--mail-type=END --uid=0"}) {
+    EXPECT_FALSE(CheckSbatchOption(o).ok()) << o;
+  }
+}
+
 }  // namespace
 }  // namespace tf::slurm
