@@ -9,6 +9,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "base/json.h"
+
 namespace tf::checkpoint {
 namespace {
 
@@ -86,8 +88,10 @@ std::string SerializeManifest(const Manifest& m) {
 }
 
 StatusOr<Manifest> ParseManifest(std::string_view text, const std::string& source, bool complete) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Status::Corruption("{}: not a JSON object", source);
+  StatusOr<json> parsed = ParseJson(text, source, /*allow_comments=*/false);
+  if (!parsed.ok()) return Status::Corruption("{}", parsed.status().message());
+  const json& j = *parsed;
+  if (!j.is_object()) return Status::Corruption("{}: not a JSON object", source);
   auto is_string = [](const json& v) { return v.is_string(); };
   auto is_int = [](const json& v) { return v.is_number_integer(); };
   auto is_uint = [](const json& v) { return v.is_number_unsigned(); };

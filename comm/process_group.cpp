@@ -14,6 +14,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "base/json.h"
 #include "comm/mpi_util.h"
 
 namespace tf::comm {
@@ -37,9 +38,11 @@ std::string Hostname() {
 // The first top-level key whose value differs between two JSON objects, as "key 'k' is A on rank 0
 // and B on rank R"; "" when either is not a JSON object or none differs.
 std::string FirstDifference(const std::string& zero, const std::string& mine, int rank) {
-  const auto a = nlohmann::json::parse(zero, nullptr, /*allow_exceptions=*/false);
-  const auto b = nlohmann::json::parse(mine, nullptr, /*allow_exceptions=*/false);
-  if (!a.is_object() || !b.is_object()) return "";
+  const auto pa = ParseJson(zero, "rank 0's configuration", /*allow_comments=*/false);
+  const auto pb = ParseJson(mine, fmt::format("rank {}'s configuration", rank), /*allow_comments=*/false);
+  if (!pa.ok() || !pb.ok() || !pa->is_object() || !pb->is_object()) return "";
+  const nlohmann::json& a = *pa;
+  const nlohmann::json& b = *pb;
   std::vector<std::string> keys;
   for (const auto& [k, v] : a.items()) keys.push_back(k);
   for (const auto& [k, v] : b.items()) {

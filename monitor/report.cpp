@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 
+#include "base/json.h"
+
 namespace tf::monitor {
 namespace {
 
@@ -66,22 +68,12 @@ std::optional<int64_t> NonNegativeInt(const json& v) {
 
 std::string CompactJson(const json& v) { return v.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// A line nested deeper is malformed: records are flat, and an event's fields are copied and printed
-// by recursive code.
-constexpr int kMaxLineDepth = 16;
-
 StatusOr<Run> ParseRun(std::string_view text) {
   // Records in file order; rollbacks as (number of records before the event, to_step).
   std::vector<int64_t> raw_steps;
   std::array<std::vector<double>, kNumMetrics> raw_values;
   std::vector<std::pair<size_t, int64_t>> rollbacks;
   Run run;
-  bool too_deep = false;
-  const json::parser_callback_t limit_depth = [&too_deep](int depth, json::parse_event_t event, json&) {
-    const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
-    if (opens && depth >= kMaxLineDepth) too_deep = true;
-    return !too_deep;
-  };
 
   for (size_t pos = 0; pos < text.size();) {
     size_t end = text.find('\n', pos);
@@ -90,16 +82,16 @@ StatusOr<Run> ParseRun(std::string_view text) {
     std::string_view line = text.substr(pos, end - pos);
     pos = end + 1;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    too_deep = false;
-    const json record = json::parse(line.begin(), line.end(), limit_depth, /*allow_exceptions=*/false);
-    if (record.is_discarded() && unterminated) {
+    const StatusOr<json> parsed = ParseJson(line, "metrics line", /*allow_comments=*/false);
+    if (!parsed.ok() && unterminated) {
       run.torn_last_line = true;
       continue;
     }
-    if (too_deep || !record.is_object()) {
+    if (!parsed.ok() || !parsed->is_object()) {
       ++run.malformed_lines;
       continue;
     }
+    const json& record = *parsed;
     const auto step_it = record.find("step");
     const std::optional<int64_t> step = step_it == record.end() ? std::nullopt : NonNegativeInt(*step_it);
 

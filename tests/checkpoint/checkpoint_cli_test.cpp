@@ -84,6 +84,28 @@ TEST_F(CheckpointCli, DamageIsNamedAndVerifyFails) {
   ExpectCleanFailure(Run({"checkpoint", "inspect", dir, "--step", "15"}), {"no checkpoint of step 15"});
 }
 
+TEST_F(CheckpointCli, DeeplyNestedManifestIsDamageNotACrash) {
+  // Objects nested 70,000 deep overflowed the stack of the recursive copy and dump of the
+  // manifest's body: list, inspect and verify died of SIGSEGV.
+  const std::string dir = WriteThree();
+  const int depth = 70000;
+  std::string deep;
+  for (int i = 0; i < depth; ++i) deep += "{\"a\":";
+  deep += "1" + std::string(depth, '}');
+  std::ofstream(dir + "/step-000000000030/MANIFEST.json", std::ios::trunc)
+      << R"({"format": "trainflow.checkpoint", "version": 1, "checksum": "0000000000000000", "state": )" << deep
+      << "}";
+  RunResult r = Run({"checkpoint", "list", dir});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("step-000000000030/MANIFEST.json: JSON nested more than 64 levels"), std::string::npos) << r;
+  r = Run({"checkpoint", "inspect", dir});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("step"), 20) << r;
+  r = Run({"checkpoint", "verify", dir});
+  ExpectCleanFailure(r, {"1 of 3 checkpoints", "nested more than 64 levels"});
+  EXPECT_NE(r.out.find("step 20: ok"), std::string::npos) << r;
+}
+
 TEST_F(CheckpointCli, BadDirectoriesAreNamed) {
   ExpectCleanFailure(Run({"checkpoint", "list", Path("nowhere")}), {Path("nowhere"), "no such checkpoint directory"});
   EXPECT_FALSE(fs::exists(Path("nowhere")));  // reading never creates it

@@ -1,7 +1,7 @@
-// Tests for model/json_util.h: the bounded nesting depth (a hostile file must not exhaust the
+// Tests for base/json.h: the bounded nesting depth (a hostile file must not exhaust the
 // stack), duplicate keys at every level, NUL bytes, line/column in syntax errors, comments, and
 // the bound on what error messages quote.
-#include "model/json_util.h"
+#include "base/json.h"
 
 #include <unistd.h>
 
@@ -21,7 +21,7 @@ std::string Nested(int levels, const std::string& open = "[", const std::string&
   return s;
 }
 
-TEST(JsonUtilTest, ParsesOrdinaryJsonWithComments) {
+TEST(JsonTest, ParsesOrdinaryJsonWithComments) {
   auto j = ParseJson("{\n  // a comment\n  \"a\": [1, 2], /* another */ \"b\": {\"c\": \"x\"}\n}", "test");
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   EXPECT_EQ((*j)["a"][1], 2);
@@ -30,7 +30,7 @@ TEST(JsonUtilTest, ParsesOrdinaryJsonWithComments) {
   EXPECT_EQ(strict.status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(JsonUtilTest, DepthIsBoundedBeforeParsing) {
+TEST(JsonTest, DepthIsBoundedBeforeParsing) {
   EXPECT_TRUE(ParseJson(Nested(kMaxJsonDepth), "ok").ok());
   for (const auto& [open, close] : std::vector<std::pair<std::string, std::string>>{{"[", "]"}, {"{\"k\":", "}"}}) {
     // 100,000 levels crashed the recursive parser before the bound.
@@ -52,7 +52,7 @@ TEST(JsonUtilTest, DepthIsBoundedBeforeParsing) {
   EXPECT_TRUE(escaped_quote.ok()) << escaped_quote.status().ToString();
 }
 
-TEST(JsonUtilTest, DuplicateKeysAreRefusedAtEveryLevel) {
+TEST(JsonTest, DuplicateKeysAreRefusedAtEveryLevel) {
   auto top = ParseJson("{\"n_layer\": 2, \"n_layer\": 12}", "cfg");
   EXPECT_EQ(top.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(top.status().message().find("key 'n_layer' appears more than once"), std::string::npos)
@@ -65,13 +65,13 @@ TEST(JsonUtilTest, DuplicateKeysAreRefusedAtEveryLevel) {
   EXPECT_TRUE(ParseJson("{\"a\": {\"x\": 1}, \"b\": {\"x\": 2}, \"x\": 3}", "cfg").ok());
 }
 
-TEST(JsonUtilTest, NulBytesAreRefusedWithTheirPosition) {
+TEST(JsonTest, NulBytesAreRefusedWithTheirPosition) {
   auto r = ParseJson(std::string("{\"a\": 1,\n \0 \"b\": 2}", 20), "header of 'w.safetensors'");
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("NUL byte at line 2, column 2"), std::string::npos) << r.status().ToString();
 }
 
-TEST(JsonUtilTest, SyntaxErrorsGiveLineAndColumn) {
+TEST(JsonTest, SyntaxErrorsGiveLineAndColumn) {
   auto r = ParseJson("{\n  \"a\": 1,\n  \"b\": tru\n}", "training config 't.json'");
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("training config 't.json': not valid JSON: line 3"), std::string::npos)
@@ -80,7 +80,7 @@ TEST(JsonUtilTest, SyntaxErrorsGiveLineAndColumn) {
   EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(JsonUtilTest, MessagesQuoteBoundedAndEscaped) {
+TEST(JsonTest, MessagesQuoteBoundedAndEscaped) {
   EXPECT_EQ(QuoteForMessage("short"), "short");
   EXPECT_EQ(QuoteForMessage("a\nb\x01"), "a\\nb\\x01");
   const std::string cut = QuoteForMessage(std::string(10000, 'z'), 20);
@@ -93,7 +93,7 @@ TEST(JsonUtilTest, MessagesQuoteBoundedAndEscaped) {
   EXPECT_LT(r.status().message().size(), 200u) << r.status().message().size();
 }
 
-TEST(JsonUtilTest, ReadJsonFileNamesTheFile) {
+TEST(JsonTest, ReadJsonFileNamesTheFile) {
   const std::string dir = ::testing::TempDir() + "/tf_json_util_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   const std::string missing = dir + "/missing.json";

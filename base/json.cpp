@@ -1,4 +1,5 @@
-#include "model/json_util.h"
+// The strict JSON reader (base/json.h).
+#include "base/json.h"
 
 #include <set>
 #include <vector>
@@ -112,9 +113,10 @@ StatusOr<nlohmann::json> ParseJson(std::string_view text, const std::string& wha
   return j;
 }
 
-StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, const std::string& what, Env* env) {
+StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, const std::string& what, Env* env,
+                                      uint64_t max_bytes) {
   const std::string source = fmt::format("{} '{}'", what, path);
-  auto text = env->ReadFileToString(path, kMaxJsonFileBytes);
+  auto text = env->ReadFileToString(path, max_bytes);
   if (!text.ok()) {
     if (text.status().code() == StatusCode::kNotFound) return Status::NotFound("{} does not exist", source);
     return text.status().WithContext(what);
