@@ -52,10 +52,10 @@ StatusOr<Inputs> ListInputs(const std::vector<std::string>& inputs) {
     const fs::path p(in);
     if (fs::is_directory(p, ec)) {
       TF_RETURN_IF_ERROR(walk(p));
-    } else if (fs::is_regular_file(p, ec)) {
-      out.files.push_back(p);
+    } else if (fs::exists(fs::symlink_status(p, ec))) {
+      out.files.push_back(p);  // reading refuses a FIFO, a device or a dangling link, naming it
     } else {
-      return Status::NotFound("input '{}' is not a file or directory", in);
+      return Status::NotFound("input '{}' does not exist", in);
     }
   }
   return out;

@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "base/env.h"
 #include "monitor/assets.h"
 
 namespace tf::monitor {
@@ -420,10 +421,10 @@ Status ParseHostPort(const std::string& text, ServerOptions* options) {
 }
 
 StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return Status::InvalidArgument("metrics_token_file '{}' cannot be read: {}", path, std::strerror(errno));
-  std::string line;
-  std::getline(f, line);
+  constexpr uint64_t kMaxTokenFileBytes = 64 << 10;
+  StatusOr<std::string> text = Env::Default()->ReadFileToString(path, kMaxTokenFileBytes);
+  if (!text.ok()) return text.status().WithContext("metrics_token_file");
+  const std::string line = text->substr(0, text->find('\n'));
   const size_t b = line.find_first_not_of(" \t\r\n");
   const size_t e = line.find_last_not_of(" \t\r\n");
   if (b == std::string::npos) return Status::InvalidArgument("metrics_token_file '{}' holds no token on its first line", path);

@@ -180,6 +180,10 @@ TEST_F(BadInput, FifosAreRefusedWithoutBlocking) {
   ExpectCleanFailure(Train({"--train_data", train_bin_, "--init_from", fifo}), {fifo, "FIFO"});
   ExpectCleanFailure(Run({"eval", "--weights", fifo, "--data", val_bin_}), {fifo, "FIFO"});
   ExpectCleanFailure(Run({"sample", "--weights", fifo}), {fifo, "FIFO"});
+  ExpectCleanFailure(Train({"--train_data", train_bin_, "--metrics_addr", "127.0.0.1:0", "--metrics_token_file", fifo}),
+                     {"metrics_token_file", fifo, "FIFO"});
+  ExpectCleanFailure(Run({"prepare", "--input", fifo, "--out-dir", Path("prepared")}), {fifo, "FIFO"});
+  EXPECT_FALSE(fs::exists(Path("prepared/train.bin")));
 }
 
 TEST_F(BadInput, EmptyInitFromIsRefusedNotRandomWeights) {
@@ -236,3 +240,6 @@ TEST_F(BadInput, MessagesNameTheRealProblem) {
 
 }  // namespace
 }  // namespace tf
+  ExpectCleanFailure(Train({"--train_data", train_bin_, "--metrics_addr", "127.0.0.1:0", "--metrics_token_file",
+                            dir_.string()}),
+                     {"metrics_token_file", dir_.string(), "is a directory"});
