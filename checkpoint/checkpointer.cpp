@@ -51,6 +51,8 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(std::unique_ptr<Obj
   if (options.chunk_elements < 1) return Status::InvalidArgument("chunk_elements {} < 1", options.chunk_elements);
   if (options.full_every < 1) return Status::InvalidArgument("full_every {} < 1", options.full_every);
   if (options.buffers != 1 && options.buffers != 2) return Status::InvalidArgument("buffers {}: 1 or 2", options.buffers);
+  // Checkpoints of a newer format are neither read nor overwritten (nor pruned) by this build.
+  TF_RETURN_IF_ERROR(CheckNoNewerFormat(*store));
   std::unique_ptr<Checkpointer> c(new Checkpointer());
   c->options_ = std::move(options);
   c->store_ = std::move(store);

@@ -112,7 +112,8 @@ class Checkpointer {
     int half = 0;
   };
 
-  // `store` must outlive nothing: the checkpointer owns it. Allocates both halves now.
+  // `store` must outlive nothing: the checkpointer owns it. Allocates both halves now. Refuses
+  // (CheckNoNewerFormat) a store holding a checkpoint of a newer format version.
   static StatusOr<std::unique_ptr<Checkpointer>> Create(std::unique_ptr<ObjectStore> store,
                                                         std::vector<StateTensor> tensors, CheckpointerOptions options);
   ~Checkpointer();  // finishes the queued work, then stops the writer

@@ -100,6 +100,11 @@ StatusOr<Manifest> ParseManifest(std::string_view text, const std::string& sourc
     return Status::Corruption("{}: format is {}, not \"{}\"", source, format->dump(), kManifestFormat);
   }
   TF_ASSIGN_OR_RETURN(const json* version, Field(j, "version", is_int, "an integer", source));
+  if (*version > kManifestVersion) {
+    return Status::Unimplemented("{}: checkpoint format version {} is newer than this build reads ({}): use a "
+                                 "TrainFlow that reads version {}, or another checkpoint directory",
+                                 source, version->dump(), kManifestVersion, version->dump());
+  }
   if (*version != kManifestVersion) {
     return Status::Corruption("{}: format version {} is not the one this build reads ({})", source, version->dump(),
                               kManifestVersion);
@@ -285,6 +290,14 @@ std::set<int64_t> Dependencies(const Manifest& m) {
   }
   steps.erase(-1);
   return steps;
+}
+
+Status CheckNoNewerFormat(ObjectStore& store) {
+  TF_ASSIGN_OR_RETURN(const std::vector<Listed> all, ListCheckpoints(store));
+  for (const Listed& l : all) {
+    if (IsNewerFormat(l.problem)) return l.problem;
+  }
+  return Status::OK();
 }
 
 StatusOr<Manifest> NewestValidCheckpoint(ObjectStore& store, std::vector<std::pair<int64_t, Status>>* skipped) {

@@ -80,8 +80,10 @@ std::string CheckpointPrefix(int64_t step);
 int64_t StepOfKey(std::string_view key);
 
 std::string SerializeManifest(const Manifest& manifest);
-// Corruption naming `source` for anything malformed: not JSON, a wrong checksum, another format or
-// an unknown version, a missing or mistyped field, an invalid or repeated object key, a chunk of an
+// Unimplemented naming `source` and the version needed for a manifest of a newer format version
+// (written by a newer build: neither damage to skip nor garbage to overwrite or delete).
+// Corruption naming `source` for anything malformed: not JSON (or nested more than kMaxJsonDepth),
+// a wrong checksum, another format or an older version, a missing or mistyped field, an invalid or repeated object key, a chunk of an
 // undeclared tensor, a tensor with a missing (when `complete`: one rank's part lists only its own)
 // or repeated chunk.
 StatusOr<Manifest> ParseManifest(std::string_view text, const std::string& source, bool complete = true);
@@ -102,6 +104,11 @@ struct Listed {
 };
 // Every step prefix in the store, ascending.
 StatusOr<std::vector<Listed>> ListCheckpoints(ObjectStore& store);
+// Whether a Listed problem is a manifest of a newer format version (see ParseManifest).
+inline bool IsNewerFormat(const Status& problem) { return problem.code() == StatusCode::kUnimplemented; }
+// The problem of the first checkpoint in the store whose manifest is of a newer format version: a
+// store that holds one is not written to (its steps would be overwritten). OK when there is none.
+Status CheckNoNewerFormat(ObjectStore& store);
 // The manifest of one checkpoint (NotFound / Corruption naming it).
 StatusOr<Manifest> ReadManifest(ObjectStore& store, int64_t step);
 

@@ -110,8 +110,9 @@ Status RunCheckpointCommand(const CheckpointCommands& c) {
                    l.step, m.created, m.kind, m.world, m.objects.size(), Bytes(StateBytes(m)), Bytes(OwnBytes(m)),
                    DependsOn(m));
       } else {
-        fmt::print("{:>12}  {:<20}  {:<11}  {:>5}  {:>7}  {:>10}  {:>10}  {:<10}  invalid: {}\n", l.step, "-", "-", "-",
-                   "-", "-", "-", "-", l.problem.message());
+        const char* what = checkpoint::IsNewerFormat(l.problem) ? "newer format" : "invalid";
+        fmt::print("{:>12}  {:<20}  {:<11}  {:>5}  {:>7}  {:>10}  {:>10}  {:<10}  {}: {}\n", l.step, "-", "-", "-",
+                   "-", "-", "-", "-", what, l.problem.message());
       }
     }
     return Status::OK();

@@ -106,6 +106,33 @@ TEST_F(CheckpointCli, DeeplyNestedManifestIsDamageNotACrash) {
   EXPECT_NE(r.out.find("step 20: ok"), std::string::npos) << r;
 }
 
+TEST_F(CheckpointCli, NewerFormatIsRefusedNotSkippedAndOverwritten) {
+  // A manifest of a newer format version was taken for damage: resume fell back to the step before
+  // and the next checkpoint of that step replaced it.
+  const std::string data = TokenFile("train.bin", 400);
+  const std::string ckpt = Path("ckpt");
+  auto train = [&](const std::string& out, int steps) {
+    return Run({"train", "--model", cli_testing::kByteTiny, "--train_data", data, "--max_steps", std::to_string(steps),
+                "--batch_size", "1", "--seq_len", "8", "--sample_tokens", "0", "--eval_batches", "0", "--out_dir",
+                Path(out), "--checkpoint_dir", ckpt, "--checkpoint_interval", "2"});
+  };
+  ASSERT_EQ(train("out1", 4).exit_code, 0);
+  const std::string manifest = ckpt + "/step-000000000004/MANIFEST.json";
+  std::string text = cli_testing::ReadAll(manifest);
+  const size_t at = text.find("\n \"version\": 1,");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 15, "\n \"version\": 2,");
+  std::ofstream(manifest, std::ios::trunc) << text;
+
+  RunResult r = train("out2", 6);
+  ExpectCleanFailure(r, {"step-000000000004/MANIFEST.json", "format version 2 is newer", "reads version 2"});
+  EXPECT_EQ(cli_testing::ReadAll(manifest), text);
+  r = Run({"checkpoint", "list", ckpt});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("newer format: "), std::string::npos) << r;
+  EXPECT_NE(r.out.find("valid"), std::string::npos) << r;
+}
+
 TEST_F(CheckpointCli, BadDirectoriesAreNamed) {
   ExpectCleanFailure(Run({"checkpoint", "list", Path("nowhere")}), {Path("nowhere"), "no such checkpoint directory"});
   EXPECT_FALSE(fs::exists(Path("nowhere")));  // reading never creates it

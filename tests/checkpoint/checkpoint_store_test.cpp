@@ -137,17 +137,26 @@ TEST_F(CheckpointStoreTest, ManifestRoundTripsAndChecksItself) {
     EXPECT_EQ(r.status().message().rfind("M: ", 0), 0u) << r.status().ToString();
   }
   for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
-           {"format", "pytorch.dcp"}, {"version", 99}, {"kind", "delta"}, {"step", -1}, {"world", 0}}) {
+           {"format", "pytorch.dcp"}, {"version", 0}, {"kind", "delta"}, {"step", -1}, {"world", 0}}) {
     nlohmann::json j = nlohmann::json::parse(text);
     j[key] = value;
     j.erase("checksum");
     j["checksum"] = fmt::format("{:016x}", XXH64(j.dump().data(), j.dump().size(), 0));
     auto r = ParseManifest(j.dump(), "M");
     EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << key;
-    EXPECT_NE(r.status().message().find(key == "version" ? "version 99" : value.dump().substr(0, 3)),
+    EXPECT_NE(r.status().message().find(key == "version" ? "version 0" : value.dump().substr(0, 3)),
               std::string::npos)
         << r.status().ToString();
   }
+  // A newer version is not damage: Unimplemented, naming the version it needs.
+  nlohmann::json newer = nlohmann::json::parse(text);
+  newer["version"] = 99;
+  auto r = ParseManifest(newer.dump(), "M");
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+  EXPECT_TRUE(IsNewerFormat(r.status()));
+  EXPECT_NE(r.status().message().find("M: checkpoint format version 99 is newer than this build reads (1)"),
+            std::string::npos)
+      << r.status().ToString();
 }
 
 TEST_F(CheckpointStoreTest, WriteListVerify) {
