@@ -54,8 +54,13 @@ Status ValidateKey(const std::string& key);
 // InvalidArgument when `root` exists and is not a directory.
 StatusOr<std::unique_ptr<ObjectStore>> OpenPosixStore(const std::string& root, Env* env = Env::Default());
 
+// OK when `location` is "s3://..." or a path that does not start like a URL: InvalidArgument naming
+// it for "S3://b/p", "s3:/b", "s3a://b", "gs://b", "file:///x" (any "scheme:/"), which would
+// otherwise be taken for a relative directory.
+Status CheckLocation(const std::string& location);
+
 // The store `location` names: "s3://bucket/prefix" (checkpoint/s3_store.h, configured from the AWS_*
-// environment and ~/.aws), else a POSIX directory of `env`.
+// environment and ~/.aws), else a POSIX directory of `env`. CheckLocation first.
 StatusOr<std::unique_ptr<ObjectStore>> OpenStore(const std::string& location, Env* env = Env::Default());
 
 }  // namespace tf::checkpoint

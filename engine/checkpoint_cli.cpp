@@ -6,6 +6,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/object_store.h"
 #include "engine/weights_card.h"
+#include "checkpoint/s3_store.h"
 #include "model/gpt2_weights.h"
 
 namespace tf {
@@ -87,7 +88,8 @@ bool CheckpointCommandParsed(const CheckpointCommands& c) { return c.group->pars
 
 Status RunCheckpointCommand(const CheckpointCommands& c) {
   // Reading only: a directory that does not exist is an error, not created.
-  if (!c.dir.starts_with("s3://")) {
+  TF_RETURN_IF_ERROR(checkpoint::CheckLocation(c.dir));
+  if (!checkpoint::IsS3Url(c.dir)) {
     TF_ASSIGN_OR_RETURN(const FileInfo info, Env::Default()->Stat(c.dir));
     if (!info.exists) return Status::NotFound("{}: no such checkpoint directory", c.dir);
     if (!info.is_directory) return Status::InvalidArgument("{}: not a directory", c.dir);

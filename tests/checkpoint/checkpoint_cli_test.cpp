@@ -133,6 +133,19 @@ TEST_F(CheckpointCli, NewerFormatIsRefusedNotSkippedAndOverwritten) {
   EXPECT_NE(r.out.find("valid"), std::string::npos) << r;
 }
 
+TEST_F(CheckpointCli, UrlsOtherThanS3AreRefusedNotMadeDirectories) {
+  // Each of these became a local directory ("S3:/bucket/p", "s3a:/...") and training went on.
+  const std::string data = TokenFile("train.bin", 200);
+  for (const std::string url : {"S3://bucket/p", "s3:/bucket/p", "s3a://bucket/p"}) {
+    RunResult r = Run({"train", "--model", cli_testing::kByteTiny, "--train_data", data, "--max_steps", "1",
+                       "--batch_size", "1", "--seq_len", "8", "--sample_tokens", "0", "--eval_batches", "0",
+                       "--out_dir", Path("out"), "--checkpoint_dir", url});
+    ExpectCleanFailure(r, {"'" + url + "' looks like a URL", "s3://bucket/prefix"});
+    ExpectCleanFailure(Run({"checkpoint", "list", url}), {"'" + url + "' looks like a URL"});
+    EXPECT_FALSE(fs::exists(Path(url.substr(0, url.find(':') + 1)))) << url;
+  }
+}
+
 TEST_F(CheckpointCli, BadDirectoriesAreNamed) {
   ExpectCleanFailure(Run({"checkpoint", "list", Path("nowhere")}), {Path("nowhere"), "no such checkpoint directory"});
   EXPECT_FALSE(fs::exists(Path("nowhere")));  // reading never creates it
