@@ -104,6 +104,9 @@ struct Listed {
 };
 // Every step prefix in the store, ascending.
 StatusOr<std::vector<Listed>> ListCheckpoints(ObjectStore& store);
+// A step prefix without a manifest: what an interrupted or failed write leaves (ReadManifest's
+// NotFound). Not a checkpoint, and not damage to one.
+inline bool IsUncommitted(const Listed& l) { return !l.manifest && l.problem.code() == StatusCode::kNotFound; }
 // Whether a Listed problem is a manifest of a newer format version (see ParseManifest).
 inline bool IsNewerFormat(const Status& problem) { return problem.code() == StatusCode::kUnimplemented; }
 // The problem of the first checkpoint in the store whose manifest is of a newer format version: a

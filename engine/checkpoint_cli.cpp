@@ -2,11 +2,12 @@
 
 #include <fmt/format.h>
 
+#include "base/json.h"
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/object_store.h"
-#include "engine/weights_card.h"
 #include "checkpoint/s3_store.h"
+#include "engine/weights_card.h"
 #include "model/gpt2_weights.h"
 
 namespace tf {
@@ -66,8 +67,10 @@ StatusOr<Listed> Find(const std::vector<Listed>& all, int64_t step, const std::s
 
 std::shared_ptr<CheckpointCommands> AddCheckpointCommands(CLI::App& app) {
   auto c = std::make_shared<CheckpointCommands>();
-  c->group = app.add_subcommand("checkpoint", "List, inspect and verify the checkpoints in a directory");
-  c->group->require_subcommand(1);
+  c->group = app.add_subcommand("checkpoint", "List, inspect, verify and export the checkpoints in a directory");
+  // At most one subcommand; a missing or unknown one is named by RunCheckpointCommand.
+  c->group->require_subcommand(0, 1);
+  c->group->allow_extras();
   c->list = c->group->add_subcommand("list", "Each checkpoint: step, time, kind, size, and whether its manifest is valid");
   c->inspect = c->group->add_subcommand("inspect", "Print a checkpoint's manifest (default: the newest valid one)");
   c->verify = c->group->add_subcommand("verify", "Read every object and check its size and checksum (default: all)");
@@ -87,6 +90,22 @@ std::shared_ptr<CheckpointCommands> AddCheckpointCommands(CLI::App& app) {
 bool CheckpointCommandParsed(const CheckpointCommands& c) { return c.group->parsed(); }
 
 Status RunCheckpointCommand(const CheckpointCommands& c) {
+  const std::vector<std::string> extra = c.group->remaining(/*recurse=*/true);
+  if (c.group->get_subcommands().empty()) {
+    std::string names;
+    for (const CLI::App* sub : {c.list, c.inspect, c.verify, c.exp}) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (extra.empty()) return Status::InvalidArgument("checkpoint: a subcommand is required ({})", names);
+    return Status::InvalidArgument("checkpoint: unknown subcommand '{}' (subcommands: {}; see trainflow checkpoint "
+                                   "--help)",
+                                   QuoteForMessage(extra.front()), names);
+  }
+  if (!extra.empty()) {
+    const std::string sub = c.group->get_subcommands().front()->get_name();
+    return Status::InvalidArgument("checkpoint {}: unexpected argument '{}' (see trainflow checkpoint {} --help)", sub,
+                                   QuoteForMessage(extra.front()), sub);
+  }
   // Reading only: a directory that does not exist is an error, not created.
   TF_RETURN_IF_ERROR(checkpoint::CheckLocation(c.dir));
   if (!checkpoint::IsS3Url(c.dir)) {
@@ -112,7 +131,9 @@ Status RunCheckpointCommand(const CheckpointCommands& c) {
                    l.step, m.created, m.kind, m.world, m.objects.size(), Bytes(StateBytes(m)), Bytes(OwnBytes(m)),
                    DependsOn(m));
       } else {
-        const char* what = checkpoint::IsNewerFormat(l.problem) ? "newer format" : "invalid";
+        const char* what = checkpoint::IsUncommitted(l)            ? "uncommitted"
+                           : checkpoint::IsNewerFormat(l.problem) ? "newer format"
+                                                                  : "invalid";
         fmt::print("{:>12}  {:<20}  {:<11}  {:>5}  {:>7}  {:>10}  {:>10}  {:<10}  {}: {}\n", l.step, "-", "-", "-",
                    "-", "-", "-", "-", what, l.problem.message());
       }
@@ -188,9 +209,15 @@ Status RunCheckpointCommand(const CheckpointCommands& c) {
     chosen = all;
   }
   if (chosen.empty()) return Status::NotFound("{}: no checkpoints", c.dir);
-  int bad = 0;
+  int bad = 0, uncommitted = 0;
   Status first_problem;
   for (const Listed& l : chosen) {
+    // Leftovers of an interrupted write are not damage, unless that very step was asked for.
+    if (checkpoint::IsUncommitted(l) && c.step < 0) {
+      fmt::print("step {}: uncommitted, not a checkpoint: {}\n", l.step, l.problem.message());
+      ++uncommitted;
+      continue;
+    }
     Status s = l.problem;
     if (s.ok()) s = checkpoint::VerifyCheckpoint(*store, *l.manifest);
     if (s.ok()) {
@@ -201,9 +228,11 @@ Status RunCheckpointCommand(const CheckpointCommands& c) {
       if (bad++ == 0) first_problem = s;
     }
   }
+  const size_t committed = chosen.size() - static_cast<size_t>(uncommitted);
+  if (committed == 0) return Status::NotFound("{}: no committed checkpoints", c.dir);
   if (bad == 0) return Status::OK();
   return Status(first_problem.code(), fmt::format("{} of {} checkpoint{} in {} failed verification (first: {})", bad,
-                                                  chosen.size(), chosen.size() == 1 ? "" : "s", c.dir,
+                                                  committed, committed == 1 ? "" : "s", c.dir,
                                                   first_problem.message()));
 }
 
