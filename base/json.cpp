@@ -7,6 +7,9 @@
 namespace tf {
 namespace {
 
+// How nlohmann's parser says the text ended where more was expected.
+constexpr std::string_view kEndOfInput = "unexpected end of input";
+
 // The deepest nesting of objects/arrays in `text`, outside strings and comments; stops counting
 // once past `limit`. Returns the byte offset where the limit was crossed through *where.
 int NestingDepth(std::string_view text, int limit, size_t* where) {
@@ -68,6 +71,13 @@ std::string QuoteForMessage(std::string_view text, size_t max_chars) {
 StatusOr<nlohmann::json> ParseJson(std::string_view text, const std::string& what, bool allow_comments) {
   size_t where = 0;
   if (NestingDepth(text, kMaxJsonDepth, &where) > kMaxJsonDepth) {
+    // Bytes that are not JSON at all (a binary file) are reported as such: the text before the
+    // level too many is parsed first (its nesting is within the limit), and only when all of it
+    // reads as the start of a JSON value is the depth the problem.
+    if (auto prefix = ParseJson(text.substr(0, where), what, allow_comments);
+        !prefix.ok() && prefix.status().message().find(kEndOfInput) == std::string::npos) {
+      return prefix.status();
+    }
     size_t line, column;
     LineColumn(text, where, &line, &column);
     return Status::InvalidArgument("{}: JSON nested more than {} levels deep (at line {}, column {})", what,
@@ -80,14 +90,16 @@ StatusOr<nlohmann::json> ParseJson(std::string_view text, const std::string& wha
                                    nul);
   }
   std::vector<std::set<std::string>> keys;  // one set per open object
-  std::string duplicate;
+  std::string duplicate, last_key;
   nlohmann::json::parser_callback_t cb = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
     if (event == E::object_start) keys.emplace_back();
-    else if (event == E::object_end && !keys.empty()) keys.pop_back();
-    else if (event == E::key && !keys.empty() && parsed.is_string() &&
-             !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-      duplicate = parsed.get<std::string>();
+    else if (event == E::object_end && !keys.empty()) {
+      keys.pop_back();
+      last_key.clear();
+    } else if (event == E::key && !keys.empty() && parsed.is_string()) {
+      last_key = parsed.get<std::string>();
+      if (!keys.back().insert(last_key).second && duplicate.empty()) duplicate = last_key;
     }
     return true;
   };
@@ -105,6 +117,13 @@ StatusOr<nlohmann::json> ParseJson(std::string_view text, const std::string& wha
     }
     return Status::InvalidArgument("{}: not valid JSON: line {}, column {}: {}", what, line, column,
                                    QuoteForMessage(why, 200));
+  } catch (const nlohmann::json::exception& e) {
+    // out_of_range.406: "number overflow parsing '1e400'", a number beyond a double's range.
+    std::string why = e.what();
+    if (const size_t p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);
+    if (e.id == 406) why += " (beyond the range of a double)";
+    const std::string key = last_key.empty() ? "" : fmt::format(" key '{}':", QuoteForMessage(last_key));
+    return Status::InvalidArgument("{}:{} {}", what, key, QuoteForMessage(why, 200));
   }
   if (!duplicate.empty()) {
     return Status::InvalidArgument("{}: key '{}' appears more than once in the same object", what,

@@ -1,8 +1,9 @@
 // Strict JSON reading for every JSON TrainFlow accepts (configs, manifests, safetensors headers and
 // metadata, tokenizer files, state files, protocol messages): nesting depth bounded (kMaxJsonDepth,
 // checked on the text before the parser builds anything, so a hostile file cannot exhaust the
-// stack), duplicate keys refused at every level, syntax errors reported with line and column; `//`
-// and `/* */` comments allowed where the caller says so. Errors are InvalidArgument naming the source.
+// stack), duplicate keys refused at every level, syntax errors reported with line and column before
+// any depth problem further on, numbers beyond a double's range named with their key; `//` and
+// `/* */` comments allowed where the caller says so. Errors are InvalidArgument naming the source.
 // QuoteForMessage bounds what an error message quotes from user input. Pure; thread-safe.
 #pragma once
 #include <cstdint>

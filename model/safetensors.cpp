@@ -176,13 +176,18 @@ StatusOr<SafetensorsContents> Read(const std::string& path, Env* env, bool with_
   std::string header(static_cast<size_t>(header_len), '\0');
   TF_RETURN_IF_ERROR(file.ReadExact(8, header.size(), header.data()));
 
+  // The header is a JSON object: anything else (random bytes, another format) is not a safetensors
+  // file, whatever else is wrong with it.
+  if (const size_t first = header.find_first_not_of(" \t\r\n"); first == std::string::npos || header[first] != '{') {
+    return Status::Corruption("{}: not a safetensors file: its {}-byte header is not a JSON object (it starts with "
+                              "'{}')",
+                              path, header_len, QuoteForMessage(header.substr(0, std::min<size_t>(header.size(), 8))));
+  }
   // Only trailing spaces may pad the JSON (a NUL would end nlohmann's input early); duplicate keys
   // and deep nesting are refused by ParseJson.
   auto parsed = ParseJson(header, path + ": header", /*allow_comments=*/false);
   if (!parsed.ok()) return Status(StatusCode::kCorruption, parsed.status().message());
   const nlohmann::json& j = *parsed;
-  if (!j.is_object())
-    return Status::Corruption("{}: header is a JSON {}, expected an object", path, j.type_name());
 
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file_size - data_start;

@@ -52,6 +52,33 @@ TEST(JsonTest, DepthIsBoundedBeforeParsing) {
   EXPECT_TRUE(escaped_quote.ok()) << escaped_quote.status().ToString();
 }
 
+TEST(JsonTest, SyntaxErrorsComeBeforeDepthFurtherOn) {
+  // Bytes that are not JSON are reported as such, not as too deep, though '[' follow.
+  auto garbage = ParseJson("\x93x" + std::string(100, '['), "garbage");
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_NE(garbage.status().message().find("not valid JSON: line 1, column 1"), std::string::npos)
+      << garbage.status().ToString();
+  auto late = ParseJson("{\"a\": 1, \"b\": x " + std::string(100, '['), "late");
+  EXPECT_NE(late.status().message().find("not valid JSON: line 1, column 15"), std::string::npos)
+      << late.status().ToString();
+  // A valid start that then goes too deep is reported as too deep.
+  auto deep = ParseJson("{\"a\": " + std::string(100, '['), "deep");
+  EXPECT_NE(deep.status().message().find("nested more than 64 levels deep (at line 1, column 70)"), std::string::npos)
+      << deep.status().ToString();
+}
+
+TEST(JsonTest, NumbersBeyondADoubleNameTheirKey) {
+  auto j = ParseJson("{\"a\": {\"b\": 1}, \"lr\": 1e400}", "cfg");
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(j.status().message().find("cfg: key 'lr': number overflow parsing '1e400' (beyond the range of a double)"),
+            std::string::npos)
+      << j.status().ToString();
+  auto in_array = ParseJson("[{\"a\": 1}, -1e999]", "arr");
+  ASSERT_FALSE(in_array.ok());
+  EXPECT_EQ(in_array.status().message().find("key"), std::string::npos) << in_array.status().ToString();
+}
+
 TEST(JsonTest, DuplicateKeysAreRefusedAtEveryLevel) {
   auto top = ParseJson("{\"n_layer\": 2, \"n_layer\": 12}", "cfg");
   EXPECT_EQ(top.status().code(), StatusCode::kInvalidArgument);

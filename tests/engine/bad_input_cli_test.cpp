@@ -211,6 +211,36 @@ TEST_F(BadInput, SafetensorsHeaderWithNulIsRefused) {
   ExpectCleanFailure(Run({"eval", "--weights", Path("nul.safetensors"), "--data", val_bin_}), {"nul.safetensors", "NUL"});
 }
 
+TEST_F(BadInput, NumbersBeyondADoubleAreNamedWithTheirFileAndKey) {
+  // A raw "[json.exception.out_of_range.406]" with exit code 1 and no file named.
+  Write("big_train.json", "{\"lr\": 1e400}");
+  RunResult r = Train({"--train_data", train_bin_, "--train", Path("big_train.json")});
+  ExpectCleanFailure(r, {"big_train.json", "key 'lr'", "1e400"});
+  EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r;
+  auto model = nlohmann::json::parse(ReadAll(kByteTiny));
+  std::string text = model.dump();
+  text.insert(text.size() - 1, ", \"_note\": [1, -2e999]");
+  Write("big_model.json", text);
+  ExpectCleanFailure(Train({"--train_data", train_bin_}, Path("big_model.json")), {"big_model.json", "-2e999"});
+}
+
+TEST_F(BadInput, RandomBytesAreNotASafetensorsFile) {
+  // Bytes that are no JSON at all were reported as "nested more than 64 levels deep".
+  std::string bytes(8 + 300, '\0');
+  bytes[0] = static_cast<char>(300 % 256);
+  bytes[1] = static_cast<char>(300 / 256);
+  uint64_t x = 7;
+  for (size_t i = 8; i < bytes.size(); ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    bytes[i] = i % 2 == 0 ? '[' : static_cast<char>(x >> 56);
+  }
+  bytes[8] = static_cast<char>(0x93);
+  Write("random.safetensors", bytes);
+  const RunResult r = Run({"eval", "--weights", Path("random.safetensors"), "--data", val_bin_});
+  ExpectCleanFailure(r, {"random.safetensors", "not a safetensors file"});
+  EXPECT_EQ(r.err.find("nested"), std::string::npos) << r;
+}
+
 TEST_F(BadInput, SampleFlagsOutOfRange) {
   const std::string w = GoodWeights();
   ExpectCleanFailure(Run({"sample", "--weights", w, "--temperature", "inf"}), {"--temperature", "inf"});
@@ -230,6 +260,9 @@ TEST_F(BadInput, MessagesNameTheRealProblem) {
   // A directory as --model named the stream error, not the path.
   ExpectCleanFailure(Train({"--train_data", train_bin_}, dir_.string()), {dir_.string(), "is a directory"});
   ExpectCleanFailure(Run({"eval", "--weights", dir_.string(), "--data", val_bin_}), {dir_.string(), "is a directory"});
+  ExpectCleanFailure(Train({"--train_data", train_bin_, "--metrics_addr", "127.0.0.1:0", "--metrics_token_file",
+                            dir_.string()}),
+                     {"metrics_token_file", dir_.string(), "is a directory"});
   // A flag missing its value blamed the next flag's value.
   RunResult r = Train({"--train_data", train_bin_, "--max_steps", "--lr", "1e-3"});
   ExpectCleanFailure(r, {"--max_steps has no value", "--lr"});
@@ -240,6 +273,3 @@ TEST_F(BadInput, MessagesNameTheRealProblem) {
 
 }  // namespace
 }  // namespace tf
-  ExpectCleanFailure(Train({"--train_data", train_bin_, "--metrics_addr", "127.0.0.1:0", "--metrics_token_file",
-                            dir_.string()}),
-                     {"metrics_token_file", dir_.string(), "is a directory"});
