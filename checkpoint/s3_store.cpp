@@ -343,7 +343,11 @@ constexpr int64_t kMinPartBytes = int64_t{5} << 20;   // S3's minimum part (all 
 constexpr int64_t kMaxPartBytes = int64_t{5} << 30;   // and maximum
 constexpr int64_t kMaxParts = 10000;
 constexpr size_t kMaxErrorBody = 64 << 10;            // of an error response kept for its message
-constexpr int kMaxListPages = 10'000'000;             // 10^10 keys: a bound, not a limit in practice
+constexpr int kMaxListPages = 100'000;               // with max_list_keys, ends a server's endless pages
+constexpr int kListPageKeys = 1000;                   // asked of each LIST page (S3's most)
+// A LIST page of kListPageKeys keys of at most 1024 bytes each, percent-encoded, with their
+// metadata fits easily; a larger answer is refused, not held.
+constexpr size_t kMaxListPageBytes = size_t{8} << 20;
 constexpr int kMaxGetRestarts = 3;                     // the object changed between ranged reads
 const char* const kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
@@ -356,6 +360,7 @@ struct HttpRequest {
   std::vector<std::string> headers;  // "Name: value", signed with the rest
   char* sink = nullptr;              // when set, a 2xx body goes here (at most sink_size bytes)
   size_t sink_size = 0;
+  size_t max_body = 0;               // without a sink: a 2xx body of more bytes fails (0: any size)
 };
 
 struct HttpResponse {
@@ -394,7 +399,8 @@ struct TransferState {
   HttpResponse* response = nullptr;
   char* sink = nullptr;
   size_t sink_size = 0;
-  bool sink_overflow = false;
+  size_t max_body = 0;
+  bool sink_overflow = false;  // more than sink_size, or than max_body without a sink
   std::string_view upload;
   size_t upload_pos = 0;
 };
@@ -412,6 +418,10 @@ size_t WriteCallback(char* data, size_t size, size_t n, void* user) {
     return bytes;
   }
   if (st->sink == nullptr) {
+    if (st->max_body > 0 && r.body.size() + bytes > st->max_body) {
+      st->sink_overflow = true;
+      return 0;  // aborts the transfer (CURLE_WRITE_ERROR)
+    }
     r.body.append(data, bytes);
     return bytes;
   }
@@ -586,13 +596,15 @@ class S3Store final : public ObjectStore {
     std::set<std::string> tokens_seen;
     std::string token;
     for (int page = 0;; ++page) {
-      if (page >= kMaxListPages) return Status::Internal("{}: LIST did not end after {} pages", location_, page);
+      if (page >= kMaxListPages) return Status::OutOfRange("{}: LIST did not end after {} pages", location_, page);
       std::string query;
       if (!token.empty()) query += "continuation-token=" + s3_internal::UriEncode(token) + "&";
-      query += "encoding-type=url&list-type=2&prefix=" + s3_internal::UriEncode(full);
+      query += fmt::format("encoding-type=url&list-type=2&max-keys={}&prefix={}", kListPageKeys,
+                           s3_internal::UriEncode(full));
       HttpRequest req;
       req.method = "GET";
       req.url = ObjectUrl("", query);
+      req.max_body = kMaxListPageBytes;
       const CallResult r = Call(fmt::format("{}: LIST of '{}'", location_, prefix), req);
       if (!r.status.ok()) return r.status;
       const std::string& xml = r.response.body;
@@ -604,6 +616,10 @@ class S3Store final : public ObjectStore {
         // S3 encodes a space as '+' here (and a '+' as %2B), as HTML forms do.
         std::string name = url_encoded ? s3_internal::UriDecode(k[0], /*plus_is_space=*/true) : k[0];
         if (name.rfind(full, 0) != 0 || name.size() <= prefix_.size() || name.back() == '/') continue;
+        if (static_cast<int64_t>(keys.size()) >= options_.max_list_keys) {
+          return Status::OutOfRange("{}: LIST of '{}' holds more than {} keys (S3Options::max_list_keys; endpoint {})",
+                                    location_, prefix, options_.max_list_keys, endpoint_);
+        }
         keys.push_back(name.substr(prefix_.size()));
       }
       const std::vector<std::string> truncated = s3_internal::XmlElementTexts(xml, "IsTruncated");
@@ -639,6 +655,7 @@ class S3Store final : public ObjectStore {
     HttpRequest req;
     req.method = "GET";
     req.url = ObjectUrl("", "list-type=2&max-keys=1&prefix=" + s3_internal::UriEncode(prefix_));
+    req.max_body = kMaxListPageBytes;
     const CallResult r = Call(fmt::format("{}: LIST (opening the store, bucket '{}')", location_, bucket_), req);
     return r.status;
   }
@@ -665,6 +682,7 @@ class S3Store final : public ObjectStore {
     st.response = &response;
     st.sink = req.sink;
     st.sink_size = req.sink_size;
+    st.max_body = req.max_body;
     st.upload = req.body;
     char errbuf[CURL_ERROR_SIZE] = {};
     curl_slist* headers = nullptr;
@@ -751,8 +769,11 @@ class S3Store final : public ObjectStore {
         problem.emplace();
         problem->retryable = RetryableCurlError(code) && !sink_overflow;
         problem->code = code == CURLE_OPERATION_TIMEDOUT ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable;
-        problem->reason = sink_overflow ? fmt::format("the server sent more than the {} bytes asked for", req.sink_size)
-                                        : fmt::format("{} (curl error {})", curl_error, static_cast<int>(code));
+        problem->reason = !sink_overflow ? fmt::format("{} (curl error {})", curl_error, static_cast<int>(code))
+                          : req.sink != nullptr
+                              ? fmt::format("the server sent more than the {} bytes asked for", req.sink_size)
+                              : fmt::format("the answer is larger than the {} bytes allowed", req.max_body);
+        if (sink_overflow && req.sink == nullptr) problem->code = StatusCode::kOutOfRange;
       } else if (!Is2xx(result.response.status)) {
         problem = HttpProblem(result.response);
       } else if (check) {
@@ -1053,6 +1074,7 @@ Status ValidateOptions(const S3Options& o) {
   if (o.max_attempts < 1 || o.max_attempts > 100) {
     return Status::InvalidArgument("S3 max_attempts {} is outside [1, 100]", o.max_attempts);
   }
+  if (o.max_list_keys < 1) return Status::InvalidArgument("S3 max_list_keys {} is not positive", o.max_list_keys);
   if (!(o.base_backoff_s >= 0) || !(o.max_backoff_s >= o.base_backoff_s) || o.max_backoff_s > 3600) {
     return Status::InvalidArgument("S3 backoff {} s .. {} s is not 0 <= base <= max <= 3600", o.base_backoff_s,
                                    o.max_backoff_s);

@@ -4,7 +4,8 @@
 // aborted on failure) above part_bytes — atomic either way, as S3 makes an object visible only
 // once written whole. Get HEADs the object for its size and ETag, then reads it with one GET or,
 // above part_bytes, parallel ranged GETs pinned to the ETag, and checks the length.
-// Transient failures (5xx, 429/SlowDown, RequestTimeout, timeouts, refused or dropped
+// List reads pages of at most 1000 keys, each answer at most 8 MiB (a larger one is refused while it
+// arrives, never held), and at most S3Options::max_list_keys keys in all. Transient failures (5xx, 429/SlowDown, RequestTimeout, timeouts, refused or dropped
 // connections) are retried with exponential backoff and full jitter, bounded in attempts and time;
 // other errors are returned at once, naming the operation, the s3:// key, the endpoint and S3's
 // error code and message. Credentials never appear in messages or logs.
@@ -33,6 +34,7 @@ struct S3Options {            // every field has a sensible default; FromEnviron
   int max_attempts = 5;               // retries with exponential backoff + full jitter on 5xx, 429/SlowDown, timeouts, dropped connections
   double base_backoff_s = 0.2, max_backoff_s = 10.0;
   double connect_timeout_s = 10, request_timeout_s = 120;  // plus a low-speed limit so a stalled transfer fails
+  int64_t max_list_keys = 10'000'000;  // a List of more keys fails (OutOfRange) instead of growing without bound
 };
 
 // Reads AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_DEFAULT_REGION,

@@ -18,6 +18,8 @@ is armed. Controlled over HTTP on the same port (never forwarded):
         hold     forward N matching requests, then hold the next one until /__proxy/release
                  (stats say "holding": true meanwhile); it is then forwarded
         capture  forward everything and record each request (method, path, headers, body SHA-256)
+        bloat    forward, then stretch a LIST answer by `bytes` bytes of extra <Contents> entries
+                 (for answers too large to hold), sent as they are made
       `max_keys=K` (any mode) adds max-keys=K to ListObjectsV2 requests, for small pages.
   GET /__proxy/stats     {"requests", "faults", "holding", "kinds": {kind: count}} as JSON
   GET /__proxy/captured  the captured requests as JSON
@@ -56,6 +58,7 @@ class State:
         self.code = params.get("code", "SlowDown")
         self.delay = float(params.get("delay", "0"))
         self.max_keys = params.get("max_keys", "")
+        self.bytes = int(params.get("bytes", "0"))
         self.requests = 0
         self.faults = 0
         self.holding = False
@@ -189,7 +192,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 STATE.count -= 1
                 STATE.faults += 1
                 fault = mode
-            status, code, delay, max_keys = STATE.status, STATE.code, STATE.delay, STATE.max_keys
+            status, code, delay, max_keys, extra = STATE.status, STATE.code, STATE.delay, STATE.max_keys, STATE.bytes
         if hold:
             STATE.release.wait(timeout=60)
             with STATE.lock:
@@ -211,6 +214,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         if fault == "slow":
             time.sleep(delay)
+        if fault == "bloat" and kind == "list":
+            self._send_bloated(up_status, up_reason, up_headers, data, extra)
+            return
         self.send_response_only(up_status, up_reason)
         for name, value in up_headers:
             if name.lower() not in HOP_BY_HOP:
@@ -226,6 +232,28 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._drop()
             return
         self.wfile.write(data)
+
+    def _send_bloated(self, status, reason, headers, data, extra):
+        entry = b"<Contents><Key>bloat/" + b"x" * 200 + b"</Key><Size>1</Size></Contents>"
+        at = data.rfind(b"</ListBucketResult>")
+        at = len(data) if at < 0 else at
+        self.send_response_only(status, reason)
+        for name, value in headers:
+            if name.lower() not in HOP_BY_HOP and name.lower() != "content-length":
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data) + extra))
+        self.end_headers()
+        try:
+            self.wfile.write(data[:at])
+            block = entry * (65536 // len(entry))
+            left = extra
+            while left > 0:
+                piece = block[:left] if left < len(block) else block
+                self.wfile.write(piece)
+                left -= len(piece)
+            self.wfile.write(data[at:])
+        except OSError:
+            self.close_connection = True  # the client gave up on it
 
     def handle_one_request(self):
         try:

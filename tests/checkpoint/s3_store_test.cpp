@@ -356,6 +356,37 @@ TEST_F(S3StoreTest, ListFollowsContinuationTokens) {
   EXPECT_EQ(some->size(), 8u);  // k-011 .. k-019 but not k-015 (under sub/)
 }
 
+TEST_F(S3StoreTest, ListAnswersAreBoundedNotHeldWhole) {
+  // A LIST answer was read into memory whole, however large (1 GB took 2.3 GB of RSS).
+  S3Options o = Options();
+  o.max_list_keys = 10;
+  auto store = Open(o);
+  ASSERT_NE(store, nullptr);
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(store->Put(fmt::format("k-{:02d}", i), "x").ok());
+  proxy().Arm("mode=capture");
+  auto listed = store->List("k-0");
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_EQ(listed->size(), 10u);
+  const nlohmann::json captured = proxy().Control("captured");
+  ASSERT_EQ(captured.size(), 1u);
+  EXPECT_NE(captured[0].at("path").get<std::string>().find("max-keys=1000"), std::string::npos) << captured.dump();
+  // One answer larger than a page can be: refused while it arrives, not retried.
+  proxy().Arm("mode=bloat&count=5&bytes=" + std::to_string(12 * kMiB));
+  listed = store->List("k-0");
+  ASSERT_FALSE(listed.ok());
+  EXPECT_EQ(listed.status().code(), StatusCode::kOutOfRange) << listed.status().ToString();
+  EXPECT_NE(listed.status().message().find("larger than the 8388608 bytes allowed"), std::string::npos)
+      << listed.status().ToString();
+  EXPECT_EQ(proxy().Kind("list"), 1);
+  // More keys in all than max_list_keys, over pages of 4.
+  proxy().Arm("mode=pass&max_keys=4");
+  listed = store->List("k-");
+  ASSERT_FALSE(listed.ok());
+  EXPECT_EQ(listed.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(listed.status().message().find("holds more than 10 keys"), std::string::npos) << listed.status().ToString();
+  EXPECT_LE(proxy().Kind("list"), 3);
+}
+
 TEST_F(S3StoreTest, MissingBucketWrongCredentialsAndDeadEndpointFailClearly) {
   auto start = Clock::now();
   auto no_bucket = OpenS3Store("s3://no-such-bucket-tf/run", Options());
