@@ -36,6 +36,24 @@ class CheckpointCli : public CliFixture {
     }
     return dir;
   }
+  // `train` of byte-tiny for `steps` steps into out_dir Path(out), with a checkpoint every 2 steps
+  // in Path("ckpt").
+  RunResult TrainWithCheckpoints(const std::string& out, int steps) {
+    if (data_.empty()) data_ = TokenFile("train.bin", 400);
+    return Run({"train", "--model", cli_testing::kByteTiny, "--train_data", data_, "--max_steps", std::to_string(steps),
+                "--batch_size", "1", "--seq_len", "8", "--sample_tokens", "0", "--eval_batches", "0", "--out_dir",
+                Path(out), "--checkpoint_dir", Path("ckpt"), "--checkpoint_interval", "2"});
+  }
+  // A manifest whose state holds objects nested 70,000 deep (its checksum is never reached).
+  static std::string DeepManifest() {
+    const int depth = 70000;
+    std::string deep;
+    for (int i = 0; i < depth; ++i) deep += "{\"a\":";
+    deep += "1" + std::string(depth, '}');
+    return R"({"format": "trainflow.checkpoint", "version": 1, "checksum": "0000000000000000", "state": )" + deep + "}";
+  }
+
+  std::string data_;
 };
 
 TEST_F(CheckpointCli, HealthyDirectoryIsListedInspectedAndVerified) {
@@ -89,13 +107,7 @@ TEST_F(CheckpointCli, DeeplyNestedManifestIsDamageNotACrash) {
   // Objects nested 70,000 deep overflowed the stack of the recursive copy and dump of the
   // manifest's body: list, inspect and verify died of SIGSEGV.
   const std::string dir = WriteThree();
-  const int depth = 70000;
-  std::string deep;
-  for (int i = 0; i < depth; ++i) deep += "{\"a\":";
-  deep += "1" + std::string(depth, '}');
-  std::ofstream(dir + "/step-000000000030/MANIFEST.json", std::ios::trunc)
-      << R"({"format": "trainflow.checkpoint", "version": 1, "checksum": "0000000000000000", "state": )" << deep
-      << "}";
+  std::ofstream(dir + "/step-000000000030/MANIFEST.json", std::ios::trunc) << DeepManifest();
   RunResult r = Run({"checkpoint", "list", dir});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_NE(r.out.find("step-000000000030/MANIFEST.json: JSON nested more than 64 levels"), std::string::npos) << r;
@@ -107,17 +119,22 @@ TEST_F(CheckpointCli, DeeplyNestedManifestIsDamageNotACrash) {
   EXPECT_NE(r.out.find("step 20: ok"), std::string::npos) << r;
 }
 
+TEST_F(CheckpointCli, ResumeSkipsADeeplyNestedManifest) {
+  // `train` with resume auto died of SIGSEGV reading it.
+  ASSERT_EQ(TrainWithCheckpoints("out1", 4).exit_code, 0);
+  std::ofstream(Path("ckpt/step-000000000004/MANIFEST.json"), std::ios::trunc) << DeepManifest();
+  const RunResult r = TrainWithCheckpoints("out2", 4);
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE((r.out + r.err).find("step-000000000004/MANIFEST.json: JSON nested more than 64 levels"), std::string::npos)
+      << r;
+  EXPECT_NE(r.out.find("resumed from " + Path("ckpt") + "/step-000000000002"), std::string::npos) << r;
+}
+
 TEST_F(CheckpointCli, NewerFormatIsRefusedNotSkippedAndOverwritten) {
   // A manifest of a newer format version was taken for damage: resume fell back to the step before
   // and the next checkpoint of that step replaced it.
-  const std::string data = TokenFile("train.bin", 400);
   const std::string ckpt = Path("ckpt");
-  auto train = [&](const std::string& out, int steps) {
-    return Run({"train", "--model", cli_testing::kByteTiny, "--train_data", data, "--max_steps", std::to_string(steps),
-                "--batch_size", "1", "--seq_len", "8", "--sample_tokens", "0", "--eval_batches", "0", "--out_dir",
-                Path(out), "--checkpoint_dir", ckpt, "--checkpoint_interval", "2"});
-  };
-  ASSERT_EQ(train("out1", 4).exit_code, 0);
+  ASSERT_EQ(TrainWithCheckpoints("out1", 4).exit_code, 0);
   const std::string manifest = ckpt + "/step-000000000004/MANIFEST.json";
   std::string text = cli_testing::ReadAll(manifest);
   const size_t at = text.find("\n \"version\": 1,");
@@ -125,7 +142,7 @@ TEST_F(CheckpointCli, NewerFormatIsRefusedNotSkippedAndOverwritten) {
   text.replace(at, 15, "\n \"version\": 2,");
   std::ofstream(manifest, std::ios::trunc) << text;
 
-  RunResult r = train("out2", 6);
+  RunResult r = TrainWithCheckpoints("out2", 6);
   ExpectCleanFailure(r, {"step-000000000004/MANIFEST.json", "format version 2 is newer", "reads version 2"});
   EXPECT_EQ(cli_testing::ReadAll(manifest), text);
   r = Run({"checkpoint", "list", ckpt});
