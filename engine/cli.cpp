@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -396,7 +398,27 @@ Status ResolveTrainCommand(const std::vector<std::string>& args, GPT2Config* mod
   }, model, train, init_from);
 }
 
+// Every flag of every command is accepted as --word-word and --word_word: the names of the
+// arguments before a bare "--" (what follows it is another command's, passed on as given) are
+// rewritten with dashes, which is how the commands declare them.
+std::vector<std::string> NormalizeFlags(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (a == "--") break;
+    if (!a.starts_with("--")) continue;
+    const size_t end = std::min(a.find('='), a.size());
+    std::replace(a.begin() + 2, a.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+  }
+  return args;
+}
+
 int RunCli(int argc, char** argv) {
+  std::vector<std::string> normalized = NormalizeFlags(argc, argv);
+  std::vector<char*> normalized_argv;
+  for (std::string& a : normalized) normalized_argv.push_back(a.data());
+  normalized_argv.push_back(nullptr);
+  argv = normalized_argv.data();
   CLI::App app{"TrainFlow: a fault-tolerant GPT-2 training engine (CPU and CUDA backends)", "trainflow"};
   app.footer(kExitCodesHelp);
   app.require_subcommand(1);
