@@ -161,9 +161,13 @@ Status LoadConfigs(const std::string& model_path, const std::string& train_path,
   json train_json = json::object();
   if (!train_path.empty()) {
     TF_ASSIGN_OR_RETURN(train_json, ReadJsonFile(train_path, "training config"));
+    // Paths in a config file are the file's own: relative to its directory, whatever the cwd.
+    if (train_json.is_object()) ResolveConfigPaths(fs::path(train_path).parent_path().string(), &train_json);
   }
   if (adjust) adjust(&train_json);
   ApplyOverrides(overrides, &model_json, &train_json);
+  // The rest (command-line paths) are relative to the current directory; all are recorded absolute.
+  if (train_json.is_object()) ResolveConfigPaths("", &train_json);
   const std::string suffix = overrides.empty() ? "" : " + command-line overrides";
   TF_ASSIGN_OR_RETURN(*model, ParseModelConfig(model_json, model_source + suffix));
   TF_ASSIGN_OR_RETURN(*train, ParseTrainConfig(train_json, (train_path.empty() ? "training options" : train_path) +
@@ -219,6 +223,11 @@ int CmdEval(EvalArgs a) {
   if (a.data.empty()) {
     a.data = card->RunString("val_data").value_or("");
     if (a.data.empty()) return Fail(Status::InvalidArgument("eval: give --data TOKEN_FILE (the weights record no val_data)"));
+    if (auto info = Env::Default()->Stat(a.data); info.ok() && !info->exists) {
+      return Fail(Status::InvalidArgument("eval: the validation data the weights record, {}, is not there (moved or "
+                                          "deleted): pass --data TOKEN_FILE",
+                                          a.data));
+    }
     from_run.push_back("data");
   }
   if (a.batch == 0) {

@@ -1,5 +1,6 @@
 #include "engine/train_config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -23,6 +24,7 @@ using json = nlohmann::json;
 struct Field {
   const char* type;  // for messages
   std::function<Status(const json&, TrainConfig*, const std::string& key)> read;
+  bool path = false;  // a file or directory (ResolveConfigPaths)
 };
 
 Status TypeError(const std::string& key, const char* type, const json& v) {
@@ -70,6 +72,12 @@ Field Str(std::string TrainConfig::*member) {
           }};
 }
 
+Field Path(std::string TrainConfig::*member) {
+  Field f = Str(member);
+  f.path = true;
+  return f;
+}
+
 Field Bool(bool TrainConfig::*member) {
   return {"a boolean", [member](const json& v, TrainConfig* c, const std::string& key) -> Status {
             if (!v.is_boolean()) return TypeError(key, "true or false", v);
@@ -110,19 +118,19 @@ const std::map<std::string, Field>& Fields() {
       {"sample_temperature", Real(&TrainConfig::sample_temperature, 0.0, 100.0)},
       {"sample_top_k", Int(&TrainConfig::sample_top_k, 0)},
       {"sample_prompt", Str(&TrainConfig::sample_prompt)},
-      {"train_data", Str(&TrainConfig::train_data)},
-      {"val_data", Str(&TrainConfig::val_data)},
+      {"train_data", Path(&TrainConfig::train_data)},
+      {"val_data", Path(&TrainConfig::val_data)},
       {"tokenizer", Str(&TrainConfig::tokenizer)},
-      {"tokenizer_dir", Str(&TrainConfig::tokenizer_dir)},
-      {"out_dir", Str(&TrainConfig::out_dir)},
-      {"init_from", Str(&TrainConfig::init_from)},
-      {"resume_state", Str(&TrainConfig::resume_state)},
+      {"tokenizer_dir", Path(&TrainConfig::tokenizer_dir)},
+      {"out_dir", Path(&TrainConfig::out_dir)},
+      {"init_from", Path(&TrainConfig::init_from)},
+      {"resume_state", Path(&TrainConfig::resume_state)},
       {"save_state", Bool(&TrainConfig::save_state)},
       {"stop_at_step", IntIn(&TrainConfig::stop_at_step, 0, int64_t{1} << 53)},
-      {"checkpoint_dir", Str(&TrainConfig::checkpoint_dir)},
+      {"checkpoint_dir", Path(&TrainConfig::checkpoint_dir)},
       {"checkpoint_interval", IntIn(&TrainConfig::checkpoint_interval, 0, int64_t{1} << 53)},
       {"checkpoint_every_s", Real(&TrainConfig::checkpoint_every_s, 0.0, 1e9)},
-      {"resume", Str(&TrainConfig::resume)},
+      {"resume", Path(&TrainConfig::resume)},
       {"checkpoint_keep_last", IntIn(&TrainConfig::checkpoint_keep_last, 0, 1 << 20)},
       {"checkpoint_keep_every", IntIn(&TrainConfig::checkpoint_keep_every, 0, int64_t{1} << 53)},
       {"checkpoint_full_every", IntIn(&TrainConfig::checkpoint_full_every, 1, 1 << 20)},
@@ -152,7 +160,7 @@ const std::map<std::string, Field>& Fields() {
       {"bucket_mb", Real(&TrainConfig::bucket_mb, 1e-6, 1e6)},
       {"first_bucket_mb", Real(&TrainConfig::first_bucket_mb, 1e-6, 1e6)},
       {"metrics_addr", Str(&TrainConfig::metrics_addr)},
-      {"metrics_token_file", Str(&TrainConfig::metrics_token_file)},
+      {"metrics_token_file", Path(&TrainConfig::metrics_token_file)},
       {"peak_tflops", Real(&TrainConfig::peak_tflops, 0.0, 1e9)},
       {"anomaly_nonfinite", Str(&TrainConfig::anomaly_nonfinite)},
       {"anomaly_spike", Str(&TrainConfig::anomaly_spike)},
@@ -343,6 +351,20 @@ void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& over
     bool is_model = false;
     for (const char* k : kModelKeys) is_model |= key == k;
     (is_model ? *model : *train)[key] = value;
+  }
+}
+
+void ResolveConfigPaths(const std::string& base_dir, json* train) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path base = fs::absolute(base_dir.empty() ? fs::path(".") : fs::path(base_dir), ec);
+  for (auto& [key, value] : train->items()) {
+    auto it = Fields().find(key);
+    if (it == Fields().end() || !it->second.path || !value.is_string()) continue;
+    const std::string v = value.get<std::string>();
+    if (v.empty() || v.find("://") != std::string::npos || (key == "resume" && (v == "auto" || v == "none"))) continue;
+    if (fs::path(v).is_absolute()) continue;
+    value = (base / v).lexically_normal().string();
   }
 }
 

@@ -130,6 +130,11 @@ nlohmann::json TrainConfigToJson(const TrainConfig& config);
 // Applies "--key value" overrides: a key of the model config goes to `model`, any other to
 // `train` (validated later by the parsers, so unknown keys are still rejected). The value is
 // parsed as JSON when it is valid JSON (numbers, true/false), else taken as a string.
+// Rewrites the relative paths among `train`'s keys (train_data, out_dir, ...) as absolute paths
+// under `base_dir` (itself made absolute against the current directory); s3:// locations and
+// resume's "auto" and "none" stay as they are.
+void ResolveConfigPaths(const std::string& base_dir, nlohmann::json* train);
+
 void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, nlohmann::json* model,
                     nlohmann::json* train);
 
