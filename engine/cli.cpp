@@ -80,18 +80,21 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> ParseOverrides(const 
       return Status::InvalidArgument("unexpected argument '{}' (overrides are --key value)", a);
     }
     std::string key = a.substr(2), value;
+    for (char& ch : key) ch = ch == '-' ? '_' : ch;  // --max-steps == --max_steps
     if (auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
+      value = a.substr(2 + eq + 1);
       key = key.substr(0, eq);
     } else {
       const bool next_is_flag = i + 1 < extras.size() && extras[i + 1].starts_with("--");
-      if (i + 1 >= extras.size() || next_is_flag) {
+      if ((i + 1 >= extras.size() || next_is_flag) && IsBooleanTrainKey(key)) {
+        value = "true";  // --fresh alone
+      } else if (i + 1 >= extras.size() || next_is_flag) {
         return Status::InvalidArgument("override --{} has no value{}", key,
                                        next_is_flag ? " (the next argument is " + extras[i + 1] + ")" : "");
+      } else {
+        value = extras[++i];
       }
-      value = extras[++i];
     }
-    for (char& ch : key) ch = ch == '-' ? '_' : ch;  // --max-steps == --max_steps
     if (value.empty()) {
       return Status::InvalidArgument("override --{} has an empty value: give one, or leave the flag out to keep "
                                      "the config's",

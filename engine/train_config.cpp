@@ -127,6 +127,8 @@ const std::map<std::string, Field>& Fields() {
       {"resume_state", Path(&TrainConfig::resume_state)},
       {"save_state", Bool(&TrainConfig::save_state)},
       {"stop_at_step", IntIn(&TrainConfig::stop_at_step, 0, int64_t{1} << 53)},
+      {"fresh", Bool(&TrainConfig::fresh)},
+      {"extend", Bool(&TrainConfig::extend)},
       {"checkpoint_dir", Path(&TrainConfig::checkpoint_dir)},
       {"checkpoint_interval", IntIn(&TrainConfig::checkpoint_interval, 0, int64_t{1} << 53)},
       {"checkpoint_every_s", Real(&TrainConfig::checkpoint_every_s, 0.0, 1e9)},
@@ -267,6 +269,11 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
                                    "start from: keep one",
                                    source, c.resume, c.resume_state);
   }
+  if (c.fresh && (c.extend || !c.resume_state.empty() || (c.resume != "auto" && c.resume != "none"))) {
+    return Status::InvalidArgument("{}: training config key 'fresh' starts over at step 0, but '{}' names a state to "
+                                   "continue: keep one",
+                                   source, c.extend ? "extend" : !c.resume_state.empty() ? "resume_state" : "resume");
+  }
   if (c.tokens_per_step() > (int64_t{1} << 40)) {
     return Status::InvalidArgument("{}: batch_size x seq_len x grad_accum_steps is too large", source);
   }
@@ -304,6 +311,8 @@ json TrainConfigToJson(const TrainConfig& c) {
           {"resume_state", c.resume_state},
           {"save_state", c.save_state},
           {"stop_at_step", c.stop_at_step},
+          {"fresh", c.fresh},
+          {"extend", c.extend},
           {"checkpoint_dir", c.checkpoint_dir},
           {"checkpoint_interval", c.checkpoint_interval},
           {"checkpoint_every_s", c.checkpoint_every_s},
@@ -366,6 +375,11 @@ void ResolveConfigPaths(const std::string& base_dir, json* train) {
     if (fs::path(v).is_absolute()) continue;
     value = (base / v).lexically_normal().string();
   }
+}
+
+bool IsBooleanTrainKey(const std::string& key) {
+  auto it = Fields().find(key);
+  return it != Fields().end() && std::string(it->second.type) == "a boolean";
 }
 
 Status ValidateRun(const GPT2Config& model, const TrainConfig& train) {

@@ -58,6 +58,12 @@ struct TrainConfig {
   std::string resume_state;
   bool save_state = false;
   int64_t stop_at_step = 0;
+  // A rerun into an out_dir or checkpoint_dir that an earlier run left (docs/checkpoints.md,
+  // "Running the same command again"): fresh starts over at step 0 whatever is there; extend
+  // continues that run's state with this run's max_steps and schedule (a new trajectory from the
+  // resumed step on).
+  bool fresh = false;
+  bool extend = false;
   // Checkpoints (checkpoint/, docs/checkpoints.md): where (a directory on a local or shared file
   // system, or s3://bucket/prefix), how often (steps and/or seconds; a stop and the end of the run
   // always write one), what to resume from ("auto": the newest valid checkpoint in checkpoint_dir,
@@ -134,6 +140,9 @@ nlohmann::json TrainConfigToJson(const TrainConfig& config);
 // under `base_dir` (itself made absolute against the current directory); s3:// locations and
 // resume's "auto" and "none" stay as they are.
 void ResolveConfigPaths(const std::string& base_dir, nlohmann::json* train);
+// Whether `key` is a training config key of type boolean (a bare `--key` on the command line
+// means true).
+bool IsBooleanTrainKey(const std::string& key);
 
 void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, nlohmann::json* model,
                     nlohmann::json* train);

@@ -3,7 +3,10 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -78,9 +81,9 @@ Status WriteTrainState(const std::string& path, const TrainState& s, Env* env) {
   return WriteSafetensors(path, tensors, meta, SafetensorsDtype::kF32, env);
 }
 
-StatusOr<TrainState> ReadTrainState(const std::string& path, Env* env) {
-  TF_ASSIGN_OR_RETURN(SafetensorsContents c, ReadSafetensors(path, env));
-  const auto& m = c.metadata;
+namespace {
+
+StatusOr<TrainState> StateFromMetadata(const std::map<std::string, std::string>& m, const std::string& path) {
   if (auto it = m.find("format"); it == m.end() || it->second != kFormat) {
     return Status::InvalidArgument("{}: not a TrainFlow training state (metadata 'format' is not '{}')", path,
                                    kFormat);
@@ -121,6 +124,19 @@ StatusOr<TrainState> ReadTrainState(const std::string& path, Env* env) {
   if (Fingerprint(s.model_config) != s.model_fingerprint || Fingerprint(s.train_config) != s.train_fingerprint) {
     return Status::Corruption("{}: training state's config fingerprints do not match its configs", path);
   }
+  return s;
+}
+
+}  // namespace
+
+StatusOr<TrainState> ReadTrainStateMeta(const std::string& path, Env* env) {
+  TF_ASSIGN_OR_RETURN(const auto meta, ReadSafetensorsMetadata(path, env));
+  return StateFromMetadata(meta, path);
+}
+
+StatusOr<TrainState> ReadTrainState(const std::string& path, Env* env) {
+  TF_ASSIGN_OR_RETURN(SafetensorsContents c, ReadSafetensors(path, env));
+  TF_ASSIGN_OR_RETURN(TrainState s, StateFromMetadata(c.metadata, path));
   for (NamedTensor& t : c.tensors) {
     if (t.name == "params") s.params = std::move(t.data);
     else if (t.name == "adam.m") s.adam_m = std::move(t.data);

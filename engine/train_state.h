@@ -46,5 +46,7 @@ std::string Fingerprint(const std::string& text);
 
 Status WriteTrainState(const std::string& path, const TrainState& state, Env* env = Env::Default());
 StatusOr<TrainState> ReadTrainState(const std::string& path, Env* env = Env::Default());
+// The same without the tensors (only the file's header is read).
+StatusOr<TrainState> ReadTrainStateMeta(const std::string& path, Env* env = Env::Default());
 
 }  // namespace tf

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 #include <spdlog/spdlog.h>
@@ -31,14 +32,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-std::string TrajectoryJson(const TrainConfig& c, int world) {
+// "extended_at": the steps where `extend` changed max_steps or the schedule (a new trajectory from there).
+std::string TrajectoryJson(const TrainConfig& c, int world, const std::vector<int64_t>& extended_at) {
   const json all = TrainConfigToJson(c);
   json t = json::object();
   for (const std::string& k : TrajectoryKeys()) {
     if (all.contains(k)) t[k] = all[k];
   }
   t["rows_per_step"] = int64_t{c.batch_size} * c.grad_accum_steps * world;
+  if (!extended_at.empty()) t["extended_at"] = extended_at;
   return t.dump();
+}
+
+// The keys `extend` may change: the length of the run and its learning-rate schedule.
+bool ExtendableKey(const std::string& key) {
+  return key == "max_steps" || key == "lr" || key == "min_lr" || key == "warmup_steps" || key == "lr_decay";
 }
 
 }  // namespace
@@ -139,12 +147,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
     TF_RETURN_IF_ERROR(t->comm_->Broadcast(params.data(), params.size() * sizeof(float), 0));
   }
   TF_RETURN_IF_ERROR(t->backend_->SetParams(params));
-  if (!train.resume_state.empty()) {
-    TF_RETURN_IF_ERROR(t->Resume(train.resume_state));
-    t->resumed_from_ = fmt::format("resumed at step {} from {}", t->step_, train.resume_state);
-  } else {
-    TF_ASSIGN_OR_RETURN(t->resumed_from_, ResumeFromCheckpoint(*t, &t->resumed_checkpoint_step_));
-  }
+  TF_RETURN_IF_ERROR(t->ResumeOrStart());
   TF_ASSIGN_OR_RETURN(t->checkpointing_, TrainCheckpointing::Create(*t));
   AnomalyGuard::Options go;
   TF_ASSIGN_OR_RETURN(go.nonfinite, ParseAnomalyAction(train.anomaly_nonfinite));
@@ -445,7 +448,7 @@ TrainState Trainer::StateMeta() const {
   s.sample_seed = config_.seed;
   s.codec = codec_;
   s.model_config = ModelConfigToJson(model_config_).dump();
-  s.train_config = TrajectoryJson(config_, topology_.world);
+  s.train_config = TrajectoryJson(config_, topology_.world, extended_at_);
   s.model_fingerprint = Fingerprint(s.model_config);
   s.train_fingerprint = Fingerprint(s.train_config);
   s.version = "trainflow 0.1.0";
@@ -459,7 +462,7 @@ Status Trainer::SetState(const TrainState& s) {
                                    model);
   }
   // Name the first trajectory key that differs.
-  const json mine = json::parse(TrajectoryJson(config_, topology_.world));
+  const json mine = json::parse(TrajectoryJson(config_, topology_.world, {}));
   const json theirs = json::parse(s.train_config, nullptr, /*allow_exceptions=*/false);
   if (!theirs.is_object()) return Status::Corruption("the training state's training config is not a JSON object");
   if (theirs.value("rows_per_step", int64_t{-1}) != rows_per_step()) {
@@ -475,11 +478,21 @@ Status Trainer::SetState(const TrainState& s) {
                                    "{} rows, at least one per step",
                                    s.data_rows, s.step, rows_per_step());
   }
+  bool extended = false;
   for (const std::string& k : TrajectoryKeys()) {
     if (!theirs.contains(k) || theirs[k] != mine[k]) {
-      return Status::InvalidArgument("training config key '{}' is {} in this run but {} in the training state: an "
-                                     "exact resume needs the same value",
-                                     k, mine[k].dump(), theirs.contains(k) ? theirs[k].dump() : "absent");
+      if (config_.extend && ExtendableKey(k) && theirs.contains(k)) {
+        extended = true;
+        continue;
+      }
+      return Status::InvalidArgument(
+          "training config key '{}' is {} in this run but {} in the training state: an exact resume needs the same "
+          "value{}",
+          k, mine[k].dump(), theirs.contains(k) ? theirs[k].dump() : "absent",
+          ExtendableKey(k) ? fmt::format(" (to continue that run from its step {} with this {} instead, a new "
+                                         "trajectory from there, add --extend)",
+                                         s.step, k)
+                           : "");
     }
   }
   if (s.data_fingerprint != train_data_->Fingerprint()) {
@@ -496,6 +509,18 @@ Status Trainer::SetState(const TrainState& s) {
   if (s.step > config_.max_steps) {
     return Status::InvalidArgument("the training state is at step {}, beyond max_steps {}", s.step, config_.max_steps);
   }
+  if (extended && s.step == config_.max_steps) {
+    return Status::InvalidArgument("--extend continues the run at step {} with max_steps {}: nothing to train; raise "
+                                   "max_steps",
+                                   s.step, config_.max_steps);
+  }
+  extended_at_.clear();
+  if (theirs.contains("extended_at") && theirs["extended_at"].is_array()) {
+    for (const json& e : theirs["extended_at"]) {
+      if (e.is_number_integer()) extended_at_.push_back(e.get<int64_t>());
+    }
+  }
+  if (extended) extended_at_.push_back(s.step);
   TF_RETURN_IF_ERROR(backend_->SetParams(s.params));
   TF_RETURN_IF_ERROR(backend_->SetOptimizerState(s.adam_m, s.adam_v));
   TF_RETURN_IF_ERROR(sync_->SetState(s.ef_residual, s.ef_server));
@@ -518,9 +543,93 @@ Status Trainer::Resume(const std::string& path) {
     const std::string ext = ".safetensors";
     const std::string stem = path.ends_with(ext) ? path.substr(0, path.size() - ext.size()) : path;
     mine = fmt::format("{}.rank{}{}", stem, topology_.rank, ext);
+    // A state written by fewer ranks: every rank's file holds the whole state (SetState refuses
+    // residuals of another rank).
+    if (auto info = env_->Stat(mine); info.ok() && !info->exists) mine = path;
   }
   TF_ASSIGN_OR_RETURN(TrainState s, ReadTrainState(mine, env_));
   return SetState(s).WithContext(fmt::format("resuming from '{}'", mine));
+}
+
+Status Trainer::ResumeOrStart() {
+  const TrainConfig& c = config_;
+  // A restart under `trainflow launch` continues the job: --fresh applied to its first start.
+  const char* generation = std::getenv("TRAINFLOW_LAUNCH_GENERATION");
+  const bool fresh = c.fresh && (generation == nullptr || std::atoll(generation) <= 1);
+  const std::string fresh_hint = "--fresh starts a new run there instead";
+  if (!c.resume_state.empty()) {
+    TF_RETURN_IF_ERROR(Resume(c.resume_state));
+    resumed_from_ = fmt::format("resumed at step {} from {}", step_, c.resume_state);
+    return Status::OK();
+  }
+  const bool location = c.resume != "auto" && c.resume != "none";
+  if (!fresh && (!c.checkpoint_dir.empty() || location)) {
+    auto line = ResumeFromCheckpoint(*this, &resumed_checkpoint_step_);
+    if (!line.ok()) {
+      if (line.status().code() != StatusCode::kInvalidArgument || c.resume != "auto") return line.status();
+      return line.status().WithContext(fmt::format("checkpoint_dir {} holds another run's checkpoints ({}, or another "
+                                                   "checkpoint_dir)",
+                                                   c.checkpoint_dir, fresh_hint));
+    }
+    resumed_from_ = *line;
+    if (!resumed_from_.empty()) return Status::OK();
+  }
+  if (fresh || !options_.write_outputs) return Status::OK();
+  // What an earlier run left in out_dir: a stopped run's state is resumed, anything else refused.
+  const std::string state_path = c.out_dir + "/train_state.safetensors";
+  const std::string weights_path = c.out_dir + "/model.safetensors";
+  TF_ASSIGN_OR_RETURN(const FileInfo state_info, env_->Stat(state_path));
+  std::string found;  // what out_dir holds, for every rank to agree on
+  std::optional<TrainState> meta;
+  if (state_info.exists) {
+    TF_ASSIGN_OR_RETURN(meta, ReadTrainStateMeta(state_path, env_));
+    found = fmt::format("state {}", meta->step);
+  } else {
+    TF_ASSIGN_OR_RETURN(const FileInfo w, env_->Stat(weights_path));
+    if (w.exists) found = "weights";
+  }
+  if (topology_.world > 1) {
+    TF_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(found, fmt::format("what out_dir {} holds", c.out_dir)));
+  }
+  if (found.empty()) {
+    if (c.extend) {
+      return Status::InvalidArgument("--extend continues a run, but neither out_dir {} nor checkpoint_dir ('{}') "
+                                     "holds a training state",
+                                     c.out_dir, c.checkpoint_dir);
+    }
+    return Status::OK();
+  }
+  if (!meta) {
+    auto card = ReadWeightsCard(weights_path);
+    const std::string step = card.ok() && card->step >= 0 ? fmt::format(" of step {}", card->step) : "";
+    return Status::InvalidArgument(
+        "out_dir {} already holds a run's outputs ({}{}) and no training state to resume: pass --fresh to replace "
+        "them, or choose another out_dir{}",
+        c.out_dir, weights_path, step,
+        c.extend ? " (--extend needs the run's training state: save_state true or a checkpoint_dir)" : "");
+  }
+  const json theirs = json::parse(meta->train_config, nullptr, /*allow_exceptions=*/false);
+  const int64_t their_max = theirs.is_object() ? theirs.value("max_steps", int64_t{-1}) : -1;
+  if (meta->step >= their_max && !c.extend) {
+    return Status::InvalidArgument(
+        "out_dir {} holds a finished run ({}, step {} of {}): pass --extend --max_steps N to continue it, --fresh to "
+        "replace it, or choose another out_dir",
+        c.out_dir, state_path, meta->step, their_max);
+  }
+  if (Status s = Resume(state_path); !s.ok()) {
+    if (s.code() != StatusCode::kInvalidArgument) return s;
+    return Status::InvalidArgument("out_dir {} holds the training state of another run (step {}): {}; pass --fresh to "
+                                   "start over there, or choose another out_dir",
+                                   c.out_dir, meta->step, s.message());
+  }
+  resumed_from_ = fmt::format("resuming the stopped run in out_dir from {} (step {}); --fresh starts over instead",
+                              state_path, step_);
+  return Status::OK();
+}
+
+Status Trainer::RemoveIfExists(const std::string& path) {
+  TF_ASSIGN_OR_RETURN(const FileInfo info, env_->Stat(path));
+  return info.exists ? env_->RemoveFile(path) : Status::OK();
 }
 
 WeightsCard Trainer::Card() const {
@@ -665,7 +774,27 @@ StatusOr<TrainResult> Trainer::Run() {
   }
   for (auto& o : observers_) TF_RETURN_IF_ERROR(o->OnEnd(*this, result_));
   if (options_.write_outputs) TF_RETURN_IF_ERROR(WriteOutputs(result_));
+  if (stopped && options_.print_progress && topology_.rank == 0) {
+    // One line before the exit code 5, which launchers (mpirun) report as an abort.
+    fmt::print("stopped after step {} of {}: a clean, resumable stop (exit code 5); {}\n", step_, max_steps,
+               HowToContinue());
+    std::fflush(stdout);
+  }
   return result_;
+}
+
+std::string Trainer::HowToContinue() const {
+  const bool in_checkpoint = !config_.checkpoint_dir.empty() && final_checkpoint_;
+  if (in_checkpoint) {
+    return config_.resume == "auto" ? "run the same command to resume"
+                                    : fmt::format("run the same command with --resume auto to resume from {}",
+                                                  config_.checkpoint_dir);
+  }
+  const std::string state = StatePath();
+  if (!config_.resume_state.empty() && config_.resume_state != state) {
+    return fmt::format("to resume, run the same command with --resume_state {}", state);
+  }
+  return fmt::format("run the same command again to resume from {}", state);
 }
 
 Status Trainer::WriteOutputs(const TrainResult& result) {
@@ -675,6 +804,17 @@ Status Trainer::WriteOutputs(const TrainResult& result) {
   if (config_.save_state || (result.stopped && !final_checkpoint_)) {
     TF_ASSIGN_OR_RETURN(TrainState state, GetState());
     TF_RETURN_IF_ERROR(WriteTrainState(StatePath(), state, env_));
+  } else {
+    // A state an earlier run left here would be resumed by the next run in place of these outputs.
+    TF_RETURN_IF_ERROR(RemoveIfExists(StatePath()));
+  }
+  if (topology_.rank == 0) {  // the files of ranks this run does not have
+    for (int r = std::max(topology_.world, 1);; ++r) {
+      const std::string extra = fmt::format("{}/train_state.rank{}.safetensors", config_.out_dir, r);
+      TF_ASSIGN_OR_RETURN(const FileInfo info, env_->Stat(extra));
+      if (!info.exists) break;
+      TF_RETURN_IF_ERROR(env_->RemoveFile(extra));
+    }
   }
   if (topology_.rank != 0) return Status::OK();
   const std::string dir = config_.out_dir;

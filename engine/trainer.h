@@ -181,6 +181,12 @@ class Trainer {
   Status SetUpDataParallel();
   Status ResolveTokenizer();
   Status Resume(const std::string& path);
+  // Where the run starts: resume_state, else checkpoint_dir (resume), else a stopped run's state
+  // in out_dir; refuses an out_dir or checkpoint_dir holding another or a finished run without
+  // fresh (docs/checkpoints.md, "Running the same command again").
+  Status ResumeOrStart();
+  // Removes `path` if it exists.
+  Status RemoveIfExists(const std::string& path);
   // Mean over ranks of x[0..n) (x itself for one rank).
   Status SumOverRanks(double* x, int n);
   Status WriteOutputs(const TrainResult& result);
@@ -191,6 +197,8 @@ class Trainer {
   // Zeroes a lossy codec's error-feedback residuals (after a rejected gradient).
   Status ClearErrorFeedback();
   std::string StatePath() const;
+  // After a stop: how to continue the run ("run the same command again to resume from ...").
+  std::string HowToContinue() const;
 
   GPT2Config model_config_;
   TrainConfig config_;
@@ -228,6 +236,7 @@ class Trainer {
   int64_t fail_at_step_ = 0;  // TRAINFLOW_TEST_FAIL_AT_STEP: SIGKILL itself when starting this step or a later one
   int step_delay_ms_ = 0;     // TRAINFLOW_TEST_STEP_DELAY_MS: sleep this long in every step (slow jobs for tests)
   int rollbacks_ = 0;
+  std::vector<int64_t> extended_at_;  // steps where `extend` began a new trajectory
 };
 
 }  // namespace tf

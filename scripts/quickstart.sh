@@ -12,7 +12,13 @@ bash scripts/fetch_gpt2_tokenizer.sh || echo "quickstart: could not fetch the GP
 bash scripts/build.sh
 ./build/trainflow prepare --input /usr/share/games/fortunes --delimiter % --val-fraction 0.05 \
   --out-dir data/fortunes
-./build/trainflow train --model configs/model/byte-small.json --train configs/train/fortunes.json "$@"
+# Run again: a stopped training (Ctrl-C) resumes where it stopped (train does that by itself); a
+# finished one is not trained again unless asked (--fresh starts over).
+if [[ $# -eq 0 && -f out/fortunes/model.safetensors && ! -f out/fortunes/train_state.safetensors ]]; then
+  echo "quickstart: out/fortunes holds a finished run; pass --fresh to train again from scratch"
+else
+  ./build/trainflow train --model configs/model/byte-small.json --train configs/train/fortunes.json "$@"
+fi
 echo
 echo "Weights: out/fortunes/model.safetensors. Try:"
 echo "  ./build/trainflow sample --weights out/fortunes/model.safetensors --prompt 'The ' --tokens 300"

@@ -34,7 +34,7 @@ class BadInput : public CliFixture {
   std::string GoodWeights() {
     const RunResult r = Run({"train", "--model", kByteTiny, "--train_data", train_bin_, "--max_steps", "1",
                              "--batch_size", "1", "--seq_len", "8", "--sample_tokens", "0", "--eval_batches", "0",
-                             "--out_dir", Path("good")});
+                             "--out_dir", Path("good"), "--fresh"});
     EXPECT_EQ(r.exit_code, 0) << r;
     return Path("good/model.safetensors");
   }

@@ -247,7 +247,7 @@ TEST_F(NewcomerCli, ZeroStepsEvaluatesStepZeroOnce) {
     const RunResult r = Run({"train", "--model", kByteTiny, "--max_steps", "0", "--eval_interval", every, "--batch_size",
                              "2", "--seq_len", "16", "--train_data", Path("data/train.bin"), "--val_data",
                              Path("data/val.bin"), "--eval_batches", "1", "--sample_tokens", "0", "--out_dir",
-                             Path("zero")});
+                             Path("zero"), "--fresh"});
     ASSERT_EQ(r.exit_code, 0) << r;
     size_t evals = 0;
     for (size_t p = r.out.find("val loss"); p != std::string::npos; p = r.out.find("val loss", p + 1)) ++evals;
@@ -285,7 +285,8 @@ TEST_F(NewcomerCli, MessagesAndHelpSayWhatIsTrue) {
   EXPECT_EQ(r.out.find("device_used_gb="), std::string::npos) << r;
   EXPECT_NE(r.out.find("K params"), std::string::npos) << r;
   // Evaluating more than the validation file holds is said, not done silently.
-  r = Train({"--train_data", TokenFile("train.bin"), "--val_data", TokenFile("val.bin", 100), "--eval_batches", "20"});
+  r = Train({"--train_data", TokenFile("train.bin"), "--val_data", TokenFile("val.bin", 100), "--eval_batches", "20",
+             "--fresh"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_NE(r.err.find("val.bin holds 100 tokens, but each evaluation reads 161"), std::string::npos) << r;
   // A JSON syntax error names the line and column.

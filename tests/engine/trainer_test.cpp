@@ -150,6 +150,7 @@ TEST_F(TrainerTest, FailedWeightsWriteKeepsPreviousFileAndRescuesTheWeights) {
   ::setenv("TMPDIR", tmp.c_str(), 1);
   FaultInjectionEnv env(Env::Default(), FaultOptions{.fail_rename_at = 1});
   t.max_steps = 2;
+  t.fresh = true;  // over the first run's outputs
   auto trainer = Trainer::Create(model_, t, Trainer::Options{.print_progress = false, .env = &env});
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
   auto result = (*trainer)->Run();
