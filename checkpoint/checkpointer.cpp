@@ -469,6 +469,12 @@ Status Checkpointer::Prune(int64_t committed) {
       if (code != StatusCode::kNotFound && code != StatusCode::kCorruption) keep.insert(it->step);
       continue;
     }
+    // Another run's checkpoints (a directory shared by runs) are never this run's to delete.
+    const auto id = it->manifest->state.find(kStateRunId);
+    if (!options_.run_id.empty() && (id == it->manifest->state.end() || *id != options_.run_id)) {
+      keep.insert(it->step);
+      continue;
+    }
     const bool recent = kept_last < options_.keep_last;
     const bool milestone = options_.keep_every_steps > 0 && it->step % options_.keep_every_steps == 0;
     // The newest full checkpoint is the base of incremental ones to come.

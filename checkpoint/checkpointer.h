@@ -59,6 +59,9 @@ std::pair<int64_t, int64_t> OwnedChunks(int64_t chunks, int rank, int world);
 // The writer thread's name (/proc/PID/task/TID/comm, `top -H`).
 inline constexpr char kWriterThreadName[] = "tf-ckpt-writer";
 
+// The key of a manifest's state that names the run which wrote the checkpoint.
+inline constexpr const char* kStateRunId = "run_id";
+
 struct CheckpointerOptions {
   int rank = 0, world = 1;
   int64_t chunk_elements = int64_t{4} << 20;  // 16 MiB of fp32 per chunk object
@@ -71,6 +74,8 @@ struct CheckpointerOptions {
   int zstd_level = 0;          // 0: the chunk codec's default (its fastest level with Huffman coding)
   int full_every = 1;          // 1: every checkpoint full; K: a full one, then K-1 incremental ones
   int keep_last = 0;           // retention on rank 0 after each commit: 0 keeps every checkpoint
+  // Retention deletes only checkpoints whose manifest state's kStateRunId is this ("" : any).
+  std::string run_id;
   int64_t keep_every_steps = 0;  // also keep those whose step is a multiple of this (0: none)
   std::string code_version;
   // Object and part names carry this tag ("step-N/TAG.params.000000", "step-N/part-TAG-r00000.json"),

@@ -52,7 +52,8 @@ json StateJson(const TrainState& s, int64_t rows_per_step, int64_t nr, int64_t n
           {"train_config", json::parse(s.train_config)},
           {"model_fingerprint", s.model_fingerprint},
           {"train_fingerprint", s.train_fingerprint},
-          {"version", s.version}};
+          {"version", s.version},
+          {checkpoint::kStateRunId, s.run_id}};
 }
 
 // The manifest's state back into a TrainState (no tensors); Corruption naming what is wrong.
@@ -72,6 +73,7 @@ StatusOr<TrainState> StateFromJson(const json& j, const std::string& where) {
     s.model_fingerprint = j.at("model_fingerprint").get<std::string>();
     s.train_fingerprint = j.at("train_fingerprint").get<std::string>();
     s.version = j.at("version").get<std::string>();
+    s.run_id = j.value(checkpoint::kStateRunId, std::string());
   } catch (const json::exception& e) {
     return Status::Corruption("{}: the manifest's state is incomplete or mistyped ({})", where, e.what());
   }
@@ -114,6 +116,7 @@ StatusOr<std::unique_ptr<TrainCheckpointing>> TrainCheckpointing::Create(Trainer
   o.keep_last = c.checkpoint_keep_last;
   o.keep_every_steps = c.checkpoint_keep_every;
   o.code_version = t.StateMeta().version;
+  o.run_id = t.run_id();
   TrainBackend* backend = &t.backend();
   o.allocate = [backend](size_t n) { return backend->AllocateHost(n); };
   o.release = [backend](float* p) { backend->FreeHost(p); };

@@ -77,7 +77,8 @@ Status WriteTrainState(const std::string& path, const TrainState& s, Env* env) {
       {"train_config", s.train_config},
       {"model_fingerprint", s.model_fingerprint},
       {"train_fingerprint", s.train_fingerprint},
-      {"version", s.version}};
+      {"version", s.version},
+      {"run_id", s.run_id}};
   return WriteSafetensors(path, tensors, meta, SafetensorsDtype::kF32, env);
 }
 
@@ -124,6 +125,7 @@ StatusOr<TrainState> StateFromMetadata(const std::map<std::string, std::string>&
   if (Fingerprint(s.model_config) != s.model_fingerprint || Fingerprint(s.train_config) != s.train_fingerprint) {
     return Status::Corruption("{}: training state's config fingerprints do not match its configs", path);
   }
+  if (auto it = m.find("run_id"); it != m.end()) s.run_id = it->second;
   return s;
 }
 
@@ -132,6 +134,13 @@ StatusOr<TrainState> StateFromMetadata(const std::map<std::string, std::string>&
 StatusOr<TrainState> ReadTrainStateMeta(const std::string& path, Env* env) {
   TF_ASSIGN_OR_RETURN(const auto meta, ReadSafetensorsMetadata(path, env));
   return StateFromMetadata(meta, path);
+}
+
+std::string NewRunId() {
+  std::random_device rd;
+  const uint64_t a = (uint64_t{rd()} << 32) ^ rd();
+  const uint64_t t = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return fmt::format("{:016x}", a ^ XXH64(&t, sizeof(t), 0));
 }
 
 StatusOr<TrainState> ReadTrainState(const std::string& path, Env* env) {

@@ -35,6 +35,9 @@ struct TrainState {
   // xxh64 fingerprints (hex).
   std::string model_config, train_config, model_fingerprint, train_fingerprint;
   std::string version;               // trainflow version that wrote it
+  // The run this state belongs to: 16 hex digits drawn when a run starts at step 0 and kept by
+  // every resume (checkpoint retention deletes only its own run's checkpoints); "" in older files.
+  std::string run_id;
 };
 
 // The training keys that change the trajectory of the numbers (all but logging, evaluation,
@@ -48,5 +51,7 @@ Status WriteTrainState(const std::string& path, const TrainState& state, Env* en
 StatusOr<TrainState> ReadTrainState(const std::string& path, Env* env = Env::Default());
 // The same without the tensors (only the file's header is read).
 StatusOr<TrainState> ReadTrainStateMeta(const std::string& path, Env* env = Env::Default());
+// A fresh run id (TrainState::run_id).
+std::string NewRunId();
 
 }  // namespace tf

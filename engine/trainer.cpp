@@ -449,6 +449,7 @@ TrainState Trainer::StateMeta() const {
   s.codec = codec_;
   s.model_config = ModelConfigToJson(model_config_).dump();
   s.train_config = TrajectoryJson(config_, topology_.world, extended_at_);
+  s.run_id = run_id_;
   s.model_fingerprint = Fingerprint(s.model_config);
   s.train_fingerprint = Fingerprint(s.train_config);
   s.version = "trainflow 0.1.0";
@@ -521,6 +522,7 @@ Status Trainer::SetState(const TrainState& s) {
     }
   }
   if (extended) extended_at_.push_back(s.step);
+  if (!s.run_id.empty()) run_id_ = s.run_id;
   TF_RETURN_IF_ERROR(backend_->SetParams(s.params));
   TF_RETURN_IF_ERROR(backend_->SetOptimizerState(s.adam_m, s.adam_v));
   TF_RETURN_IF_ERROR(sync_->SetState(s.ef_residual, s.ef_server));
@@ -556,6 +558,9 @@ Status Trainer::ResumeOrStart() {
   // A restart under `trainflow launch` continues the job: --fresh applied to its first start.
   const char* generation = std::getenv("TRAINFLOW_LAUNCH_GENERATION");
   const bool fresh = c.fresh && (generation == nullptr || std::atoll(generation) <= 1);
+  run_id_ = NewRunId();
+  run_id_.resize(16, '0');
+  TF_RETURN_IF_ERROR(BroadcastFromRankZero(run_id_.data(), run_id_.size()));
   const std::string fresh_hint = "--fresh starts a new run there instead";
   if (!c.resume_state.empty()) {
     TF_RETURN_IF_ERROR(Resume(c.resume_state));
@@ -564,6 +569,7 @@ Status Trainer::ResumeOrStart() {
   }
   const bool location = c.resume != "auto" && c.resume != "none";
   if (!fresh && (!c.checkpoint_dir.empty() || location)) {
+    if (c.resume == "none") TF_RETURN_IF_ERROR(RefuseOtherCheckpoints());
     auto line = ResumeFromCheckpoint(*this, &resumed_checkpoint_step_);
     if (!line.ok()) {
       if (line.status().code() != StatusCode::kInvalidArgument || c.resume != "auto") return line.status();
@@ -630,6 +636,21 @@ Status Trainer::ResumeOrStart() {
 Status Trainer::RemoveIfExists(const std::string& path) {
   TF_ASSIGN_OR_RETURN(const FileInfo info, env_->Stat(path));
   return info.exists ? env_->RemoveFile(path) : Status::OK();
+}
+
+Status Trainer::RefuseOtherCheckpoints() {
+  TF_ASSIGN_OR_RETURN(auto store, checkpoint::OpenStore(config_.checkpoint_dir, env_));
+  TF_ASSIGN_OR_RETURN(const std::vector<checkpoint::Listed> all, checkpoint::ListCheckpoints(*store));
+  std::vector<int64_t> steps;
+  for (const checkpoint::Listed& l : all) {
+    if (l.manifest) steps.push_back(l.step);
+  }
+  if (steps.empty()) return Status::OK();
+  return Status::InvalidArgument(
+      "checkpoint_dir {} holds checkpoints of step{} {} and resume is \"none\": pass --fresh to start a new run "
+      "there anyway (checkpoints of the same steps are replaced; retention never deletes the others), resume "
+      "\"auto\" to continue them, or choose another checkpoint_dir",
+      store->location(), steps.size() == 1 ? "" : "s", fmt::join(steps, ", "));
 }
 
 WeightsCard Trainer::Card() const {

@@ -138,6 +138,8 @@ class Trainer {
   const std::string& resumed_from() const { return resumed_from_; }
   // The step of the checkpoint of checkpoint_dir this run resumed from, or -1.
   int64_t resumed_checkpoint_step() const { return resumed_checkpoint_step_; }
+  // The run's id (engine/train_state.h TrainState::run_id).
+  const std::string& run_id() const { return run_id_; }
   // Barrier over the ranks without the collective deadline (`activity` names it in timeouts).
   Status Barrier(const std::string& activity);
 
@@ -185,6 +187,8 @@ class Trainer {
   // in out_dir; refuses an out_dir or checkpoint_dir holding another or a finished run without
   // fresh (docs/checkpoints.md, "Running the same command again").
   Status ResumeOrStart();
+  // InvalidArgument naming the committed checkpoints in checkpoint_dir, if any.
+  Status RefuseOtherCheckpoints();
   // Removes `path` if it exists.
   Status RemoveIfExists(const std::string& path);
   // Mean over ranks of x[0..n) (x itself for one rank).
@@ -236,6 +240,7 @@ class Trainer {
   int64_t fail_at_step_ = 0;  // TRAINFLOW_TEST_FAIL_AT_STEP: SIGKILL itself when starting this step or a later one
   int step_delay_ms_ = 0;     // TRAINFLOW_TEST_STEP_DELAY_MS: sleep this long in every step (slow jobs for tests)
   int rollbacks_ = 0;
+  std::string run_id_;
   std::vector<int64_t> extended_at_;  // steps where `extend` began a new trajectory
 };
 

@@ -1,6 +1,7 @@
 // Running the same `trainflow train` command again, through the real binary: a stopped run in
 // out_dir is resumed (and the stop says so), a finished run or another run's outputs are refused
-// unless --fresh or --extend says what to do.
+// unless --fresh or --extend says what to do, a checkpoint_dir holding another run's checkpoints
+// needs the same explicit choice, and retention never deletes checkpoints the run did not write.
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -93,7 +94,27 @@ TEST_F(RerunTest, ExtendContinuesAFinishedRunAsANewTrajectory) {
   EXPECT_EQ(nothing.exit_code, 2) << nothing;
 }
 
-TEST_F(RerunTest, AStopWithCheckpointsSaysTheSameCommandResumes) {
+TEST_F(RerunTest, CheckpointDirOfAnotherRunNeedsFreshAndKeepsItsCheckpoints) {
+  const std::string ck = Path("ck");
+  const RunResult a = Train({"--checkpoint_dir", ck, "--checkpoint_interval", "1", "--max_steps", "2", "--out_dir",
+                             Path("a")});
+  ASSERT_EQ(a.exit_code, 0) << a;
+  auto manifest = [&](int step) { return fmt::format("{}/step-{:012}/MANIFEST.json", ck, step); };
+  ASSERT_TRUE(fs::exists(manifest(1)) && fs::exists(manifest(2)));
+  const std::vector<std::string> b = {"--checkpoint_dir", ck, "--checkpoint_interval", "3", "--checkpoint_keep_last",
+                                      "1", "--resume", "none", "--lr", "0.001", "--out_dir", Path("b")};
+  const RunResult refused = Train(b);
+  EXPECT_EQ(refused.exit_code, 2) << refused;
+  EXPECT_TRUE(Has(refused.err, "holds checkpoints of steps 1, 2") && Has(refused.err, "--fresh")) << refused;
+  std::vector<std::string> fresh = b;
+  fresh.push_back("--fresh");
+  const RunResult run = Train(fresh);
+  ASSERT_EQ(run.exit_code, 0) << run;
+  // Its own step 3 went (keep_last 1), the other run's 1 and 2 stay.
+  EXPECT_TRUE(fs::exists(manifest(1)) && fs::exists(manifest(2)) && fs::exists(manifest(4)));
+  EXPECT_FALSE(fs::exists(manifest(3)));
+
+  // A stop with checkpoints says the same command resumes.
   const RunResult stop = Train({"--checkpoint_dir", Path("ck2"), "--stop_at_step", "1", "--out_dir", Path("c")});
   ASSERT_EQ(stop.exit_code, 5) << stop;
   EXPECT_TRUE(Has(stop.out, "run the same command to resume")) << stop;
