@@ -53,7 +53,8 @@ json StateJson(const TrainState& s, int64_t rows_per_step, int64_t nr, int64_t n
           {"model_fingerprint", s.model_fingerprint},
           {"train_fingerprint", s.train_fingerprint},
           {"version", s.version},
-          {checkpoint::kStateRunId, s.run_id}};
+          {checkpoint::kStateRunId, s.run_id},
+          {"threads", s.threads}};
 }
 
 // The manifest's state back into a TrainState (no tensors); Corruption naming what is wrong.
@@ -74,6 +75,7 @@ StatusOr<TrainState> StateFromJson(const json& j, const std::string& where) {
     s.train_fingerprint = j.at("train_fingerprint").get<std::string>();
     s.version = j.at("version").get<std::string>();
     s.run_id = j.value(checkpoint::kStateRunId, std::string());
+    s.threads = j.value("threads", 0);
   } catch (const json::exception& e) {
     return Status::Corruption("{}: the manifest's state is incomplete or mistyped ({})", where, e.what());
   }
@@ -400,6 +402,7 @@ StatusOr<TrainState> Load(Trainer& t, ObjectStore& store, const Manifest& m, std
   const comm::Topology& topo = t.topology();
   const auto [nr, ns] = t.gradient_sync().state_sizes();
   const int old_world = s.world;
+  t.NoteSummationOrder(old_world, s.threads);
   s.ef_residual.assign(static_cast<size_t>(nr), 0.0f);
   s.ef_server.assign(static_cast<size_t>(ns), 0.0f);
   const bool saved = m.FindTensor(ResidualName("residual", 0)) != nullptr || m.FindTensor(ResidualName("server", 0)) != nullptr;

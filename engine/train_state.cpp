@@ -78,7 +78,8 @@ Status WriteTrainState(const std::string& path, const TrainState& s, Env* env) {
       {"model_fingerprint", s.model_fingerprint},
       {"train_fingerprint", s.train_fingerprint},
       {"version", s.version},
-      {"run_id", s.run_id}};
+      {"run_id", s.run_id},
+      {"threads", std::to_string(s.threads)}};
   return WriteSafetensors(path, tensors, meta, SafetensorsDtype::kF32, env);
 }
 
@@ -126,6 +127,10 @@ StatusOr<TrainState> StateFromMetadata(const std::map<std::string, std::string>&
     return Status::Corruption("{}: training state's config fingerprints do not match its configs", path);
   }
   if (auto it = m.find("run_id"); it != m.end()) s.run_id = it->second;
+  if (m.contains("threads")) {
+    TF_ASSIGN_OR_RETURN(const int64_t threads, GetInt(m, "threads", path));
+    s.threads = static_cast<int>(std::clamp<int64_t>(threads, 0, 1 << 20));
+  }
   return s;
 }
 

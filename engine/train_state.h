@@ -38,6 +38,7 @@ struct TrainState {
   // The run this state belongs to: 16 hex digits drawn when a run starts at step 0 and kept by
   // every resume (checkpoint retention deletes only its own run's checkpoints); "" in older files.
   std::string run_id;
+  int threads = 0;                   // CPU threads per rank of the run that wrote it; 0: not recorded
 };
 
 // The training keys that change the trajectory of the numbers (all but logging, evaluation,

@@ -49,6 +49,8 @@ bool ExtendableKey(const std::string& key) {
   return key == "max_steps" || key == "lr" || key == "min_lr" || key == "warmup_steps" || key == "lr_decay";
 }
 
+int Threads() { return omp_get_max_threads(); }
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, const TrainConfig& train,
@@ -450,6 +452,7 @@ TrainState Trainer::StateMeta() const {
   s.model_config = ModelConfigToJson(model_config_).dump();
   s.train_config = TrajectoryJson(config_, topology_.world, extended_at_);
   s.run_id = run_id_;
+  s.threads = Threads();
   s.model_fingerprint = Fingerprint(s.model_config);
   s.train_fingerprint = Fingerprint(s.train_config);
   s.version = "trainflow 0.1.0";
@@ -523,6 +526,7 @@ Status Trainer::SetState(const TrainState& s) {
   }
   if (extended) extended_at_.push_back(s.step);
   if (!s.run_id.empty()) run_id_ = s.run_id;
+  NoteSummationOrder(s.world, s.threads);
   TF_RETURN_IF_ERROR(backend_->SetParams(s.params));
   TF_RETURN_IF_ERROR(backend_->SetOptimizerState(s.adam_m, s.adam_v));
   TF_RETURN_IF_ERROR(sync_->SetState(s.ef_residual, s.ef_server));
@@ -551,6 +555,20 @@ Status Trainer::Resume(const std::string& path) {
   }
   TF_ASSIGN_OR_RETURN(TrainState s, ReadTrainState(mine, env_));
   return SetState(s).WithContext(fmt::format("resuming from '{}'", mine));
+}
+
+void Trainer::NoteSummationOrder(int world, int threads) {
+  if (topology_.rank != 0 || !options_.print_progress) return;
+  std::string what;
+  if (world != topology_.world) what = fmt::format("{} rank{} then, {} now", world, world == 1 ? "" : "s", topology_.world);
+  if (!UsesCuda(config_) && threads > 0 && threads != Threads()) {
+    what += fmt::format("{}{} thread{} per rank then, {} now", what.empty() ? "" : "; ", threads,
+                        threads == 1 ? "" : "s", Threads());
+  }
+  if (what.empty()) return;
+  spdlog::warn("the run that wrote this state ran with another summation order ({}): the resumed run matches an "
+               "uninterrupted one only up to float rounding, not bit for bit (docs/checkpoints.md)",
+               what);
 }
 
 Status Trainer::ResumeOrStart() {

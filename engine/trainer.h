@@ -138,6 +138,9 @@ class Trainer {
   const std::string& resumed_from() const { return resumed_from_; }
   // The step of the checkpoint of checkpoint_dir this run resumed from, or -1.
   int64_t resumed_checkpoint_step() const { return resumed_checkpoint_step_; }
+  // Rank 0: warns when a resumed state was written with another world size or thread count (the
+  // summation order differs, so results match only up to float rounding).
+  void NoteSummationOrder(int world, int threads);
   // The run's id (engine/train_state.h TrainState::run_id).
   const std::string& run_id() const { return run_id_; }
   // Barrier over the ranks without the collective deadline (`activity` names it in timeouts).

@@ -39,15 +39,16 @@ class RerunTest : public CliFixture {
 
 TEST_F(RerunTest, StoppedRunResumesFinishedRunIsRefused) {
   const std::string state = Path("out/train_state.safetensors");
-  const RunResult stop = Train({"--stop_at_step", "2"});
+  const RunResult stop = Train({"--stop_at_step", "2", "--threads", "1"});
   ASSERT_EQ(stop.exit_code, 5) << stop;
   EXPECT_TRUE(Has(stop.out, "a clean, resumable stop")) << stop;
   EXPECT_TRUE(Has(stop.out, "run the same command again to resume from " + state)) << stop;
 
   // The same command (without the planned stop) continues at step 3, and says from where.
-  const RunResult again = Train({});
+  const RunResult again = Train({"--threads", "2"});
   ASSERT_EQ(again.exit_code, 0) << again;
   EXPECT_TRUE(Has(again.out, "resuming the stopped run in out_dir from " + state + " (step 2)")) << again;
+  EXPECT_TRUE(Has(again.err, "summation order")) << again;  // 1 thread then, 2 now
   EXPECT_EQ(StepRecords(ReadAll(Path("out/metrics.jsonl"))).size(), 4u);
   EXPECT_FALSE(fs::exists(state));  // no stale state beside the finished run's weights
 
