@@ -1,5 +1,9 @@
 #include "engine/cli.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +21,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include "base/log.h"
 #include "engine/bench.h"
 #include "engine/env_report.h"
 #include "engine/data_loader.h"
@@ -178,6 +183,76 @@ Status LoadConfigs(const std::string& model_path, const std::string& train_path,
   return Status::OK();
 }
 
+// Copies what this process writes to stdout and stderr into a log file as well (appended), from
+// Start until destruction: each stream is redirected into a pipe whose reader thread passes every
+// chunk on to the original stream and to the file. Not copyable; the destructor flushes both
+// streams, puts them back and waits for the readers.
+class ConsoleCopy {
+ public:
+  static std::unique_ptr<ConsoleCopy> Start(const std::string& path) {
+    const auto info = Env::Default()->Stat(path);
+    if (!info.ok() || (info->exists && !info->is_regular)) return nullptr;  // a FIFO or device: no copy
+    auto file = Env::Default()->NewAppendableFile(path);
+    if (!file.ok()) return nullptr;
+    std::unique_ptr<ConsoleCopy> c(new ConsoleCopy());
+    c->file_ = std::move(*file);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    for (int i = 0; i < 2; ++i) {
+      Stream& st = c->streams_[i];
+      st.fd = i + 1;
+      int p[2];
+      if (::pipe2(p, O_CLOEXEC) != 0) break;
+      st.saved = ::fcntl(st.fd, F_DUPFD_CLOEXEC, 3);
+      st.out = st.saved >= 0 ? ::fdopen(st.saved, "w") : nullptr;
+      if (st.out == nullptr || ::dup2(p[1], st.fd) < 0) {
+        ::close(p[0]);
+        ::close(p[1]);
+        break;
+      }
+      ::close(p[1]);
+      st.reader = std::thread([c = c.get(), &st, in = p[0]] {
+        char buf[4096];
+        for (;;) {
+          const ssize_t n = ::read(in, buf, sizeof(buf));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) break;
+          std::fwrite(buf, 1, static_cast<size_t>(n), st.out);
+          std::fflush(st.out);
+          std::lock_guard<std::mutex> lock(c->mu_);
+          if (c->file_ && !c->file_->Append(std::string_view(buf, static_cast<size_t>(n))).ok()) c->file_.reset();
+        }
+        ::close(in);
+      });
+    }
+    return c;
+  }
+  ConsoleCopy(const ConsoleCopy&) = delete;
+  ConsoleCopy& operator=(const ConsoleCopy&) = delete;
+  ~ConsoleCopy() {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    for (Stream& st : streams_) {
+      if (!st.reader.joinable()) continue;
+      ::dup2(st.saved, st.fd);  // closes the pipe's write end: the reader sees its end
+      st.reader.join();
+      std::fclose(st.out);
+    }
+    if (file_) (void)file_->Close();
+  }
+
+ private:
+  ConsoleCopy() = default;
+  struct Stream {
+    int fd = -1, saved = -1;
+    std::FILE* out = nullptr;  // the original stream
+    std::thread reader;
+  };
+  std::mutex mu_;  // guards file_
+  std::unique_ptr<WritableFile> file_;
+  Stream streams_[2];
+};
+
 int CmdTrain(const std::string& model_path, const std::string& train_path, const std::string& init_from,
              const std::vector<std::string>& extras) {
   GPT2Config model;
@@ -198,6 +273,13 @@ int CmdTrain(const std::string& model_path, const std::string& train_path, const
     return rc;
   };
   if (!s.ok()) return fail(nullptr, s);
+  // out_dir/train.log: what rank 0's console shows, appended run after run (the supervisor of
+  // `trainflow launch` keeps the logs of its jobs itself).
+  std::unique_ptr<ConsoleCopy> console;
+  if (!*agent && RankFromEnvironment() <= 0 && !train.out_dir.empty() && std::getenv("TRAINFLOW_LOG_FILE") == nullptr &&
+      Env::Default()->CreateDirs(train.out_dir).ok()) {
+    console = ConsoleCopy::Start(train.out_dir + "/train.log");
+  }
   auto trainer = Trainer::Create(model, train, Trainer::Options{});
   if (!trainer.ok()) return fail(nullptr, trainer.status());
   auto result = (*trainer)->Run();
@@ -444,7 +526,9 @@ int RunCli(int argc, char** argv) {
   train->add_option("--train", train_path, "Training config JSON");
   auto* init_opt = train->add_option("--init-from", init_from, "Start from Hugging Face GPT-2 safetensors weights");
   train->allow_extras();
-  train->footer("Any training or model config key can be overridden: --max_steps 50 --lr 1e-3 --n_layer 2");
+  train->footer("Any training or model config key can be given as --key value (--max_steps 50 --lr 1e-3 --n_layer "
+                "2; a boolean key alone means true: --fresh); every key, its default and meaning: docs/configs.md.\n" +
+                ConfigKeysHelp());
 
   // prepare
   auto* prepare = app.add_subcommand("prepare", "Tokenize text files into train.bin / val.bin token files");

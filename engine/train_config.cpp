@@ -7,6 +7,7 @@
 #include <string_view>
 #include <tuple>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "comm/codec.h"
@@ -85,6 +86,9 @@ Field Bool(bool TrainConfig::*member) {
             return Status::OK();
           }};
 }
+
+// The model config keys an override may set (model/config.h).
+constexpr const char* kModelKeys[] = {"n_layer", "n_head", "n_embd", "vocab_size", "block_size", "padded_vocab_size"};
 
 const std::map<std::string, Field>& Fields() {
   static const auto* fields = new std::map<std::string, Field>{
@@ -351,7 +355,6 @@ json TrainConfigToJson(const TrainConfig& c) {
 }
 
 void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, json* model, json* train) {
-  static const char* kModelKeys[] = {"n_layer", "n_head", "n_embd", "vocab_size", "block_size", "padded_vocab_size"};
   for (const auto& [key, text] : overrides) {
     json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (value.is_discarded() || value.is_object() || value.is_array()) value = text;
@@ -380,6 +383,19 @@ void ResolveConfigPaths(const std::string& base_dir, json* train) {
 bool IsBooleanTrainKey(const std::string& key) {
   auto it = Fields().find(key);
   return it != Fields().end() && std::string(it->second.type) == "a boolean";
+}
+
+std::string ConfigKeysHelp() {
+  const json defaults = TrainConfigToJson(TrainConfig{});
+  std::string out = "Model config keys:";
+  for (const char* k : kModelKeys) out += fmt::format(" --{}", k);
+  out += "\nTraining config keys:\n";
+  for (const auto& [key, field] : Fields()) {
+    const std::string d = defaults.contains(key) ? defaults[key].dump() : "";
+    out += fmt::format("  --{:<28} {}{}\n", key, field.path ? "a path" : field.type,
+                       d.empty() || d == "\"\"" ? "" : ", default " + d);
+  }
+  return out;
 }
 
 Status ValidateRun(const GPT2Config& model, const TrainConfig& train) {

@@ -143,6 +143,9 @@ void ResolveConfigPaths(const std::string& base_dir, nlohmann::json* train);
 // Whether `key` is a training config key of type boolean (a bare `--key` on the command line
 // means true).
 bool IsBooleanTrainKey(const std::string& key);
+// The model config keys, then every training config key with its type and default (one per
+// line), for `train --help`.
+std::string ConfigKeysHelp();
 
 void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, nlohmann::json* model,
                     nlohmann::json* train);

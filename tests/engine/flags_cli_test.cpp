@@ -1,5 +1,5 @@
 // Command-line spelling through the real binary: every flag of every command takes dashes or
-// underscores between words.
+// underscores between words, `train --help` lists the config keys, and a plain `train` keeps a log.
 #include <string>
 
 #include "tests/engine/cli_fixture.h"
@@ -21,6 +21,29 @@ TEST_F(CliFixture, EveryCommandTakesBothSpellings) {
   EXPECT_EQ(e.exit_code, 0) << e;
   const RunResult s = Run({"sample", "--weights", Path("out/model.safetensors"), "--tokens", "3", "--top_k", "2"});
   EXPECT_EQ(s.exit_code, 0) << s;
+}
+
+TEST_F(CliFixture, TrainHelpListsTheKeys) {
+  const RunResult h = Run({"train", "--help"});
+  EXPECT_EQ(h.exit_code, 0) << h;
+  for (const char* needle : {"docs/configs.md", "--checkpoint_keep_last", "--fresh", "--extend", "--n_layer"}) {
+    EXPECT_NE(h.out.find(needle), std::string::npos) << needle << "\n" << h;
+  }
+}
+
+TEST_F(CliFixture, TrainKeepsALogOfTheConsole) {
+  TokenFile("train.bin", 400);
+  const RunResult t = Train({"--train_data", Path("train.bin"), "--metrics_addr", "off"});
+  ASSERT_EQ(t.exit_code, 0) << t;
+  const std::string log = cli_testing::ReadAll(Path("out/train.log"));
+  EXPECT_NE(log.find("step     1/1"), std::string::npos) << log;
+  EXPECT_NE(t.out.find("step     1/1"), std::string::npos) << t;  // the console still shows it
+  // A second run (refused: out_dir holds the first) appends; its error is there too.
+  const RunResult again = Train({"--train_data", Path("train.bin"), "--metrics_addr", "off"});
+  EXPECT_EQ(again.exit_code, 2) << again;
+  const std::string both = cli_testing::ReadAll(Path("out/train.log"));
+  EXPECT_TRUE(both.starts_with(log)) << both;
+  EXPECT_NE(both.find("already holds"), std::string::npos) << both;
 }
 
 }  // namespace
