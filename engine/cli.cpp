@@ -61,20 +61,24 @@ constexpr const char* kExitCodesHelp =
     "SIGINT/SIGTERM or stop_at_step after finishing a step and writing the outputs (resumable).\n"
     "docs/exit-codes.md has the details.";
 
-// A seed: a whole number >= 0 that fits int64 (CLI11's NonNegativeNumber would quote a 300-digit
-// range, and an unsigned option would wrap -1).
-CLI::Validator SeedValidator() {
+// A whole number in [lo, hi], named as such for anything else ("abc", "1.5", "-1"): CLI11's own
+// messages for a non-number are "Value abc not in range" (and its NonNegativeNumber quotes a
+// 300-digit range, an unsigned option wraps -1).
+CLI::Validator WholeNumber(int64_t lo, int64_t hi) {
   return CLI::Validator(
-      [](std::string& v) -> std::string {
+      [lo, hi](std::string& v) -> std::string {
         int64_t x = 0;
         const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-        if (ec != std::errc() || end != v.data() + v.size() || x < 0) {
-          return "must be a whole number from 0 to 9223372036854775807, got '" + v + "'";
+        if (ec != std::errc() || end != v.data() + v.size() || x < lo || x > hi) {
+          return fmt::format("must be a whole number from {} to {}, got '{}'", lo, hi, v);
         }
         return "";
       },
-      "INT>=0");
+      fmt::format("INT in [{}, {}]", lo, hi));
 }
+
+// A seed: a whole number >= 0 that fits int64.
+CLI::Validator SeedValidator() { return WholeNumber(0, INT64_MAX); }
 
 // "--key value" / "--key=value" pairs left over after CLI11 parsed the known flags.
 StatusOr<std::vector<std::pair<std::string, std::string>>> ParseOverrides(const std::vector<std::string>& extras) {
@@ -556,9 +560,9 @@ int RunCli(int argc, char** argv) {
   eval->add_option("--model", ea.model_path, "Model config (default: from the weights' metadata or config.json)");
   eval->add_option("--data", ea.data, "Token file (default: the training run's val_data, recorded in the weights)");
   eval->add_option("--batch-size", ea.batch, "Sequences per batch (default: the training run's, else 4)")
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(WholeNumber(1, 1 << 16));
   eval->add_option("--seq-len", ea.seq, "Sequence length (default: the trained one, else block_size)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(WholeNumber(1, 1 << 20));
   eval->add_option("--batches", ea.batches,
                    "N batches from the start of the file, or 'all': the whole file once (default: the training "
                    "run's evaluation, else all)");
@@ -575,7 +579,7 @@ int RunCli(int argc, char** argv) {
   sample->add_option("--model", sa.model_path, "Model config (default: from the weights' metadata or config.json)");
   sample->add_option("--prompt", sa.prompt, "Prompt text (default: end-of-text, or a newline for byte)");
   sample->add_option("--tokens", sa.options.num_tokens, "Tokens to generate")
-      ->check(CLI::Range(0, 1 << 20))
+      ->check(WholeNumber(0, 1 << 20))
       ->capture_default_str();
   auto* temp_opt = sample->add_option("--temperature", sa.options.temperature,
                                       "Softmax temperature, 0 = greedy (default: the training run's "
@@ -583,7 +587,7 @@ int RunCli(int argc, char** argv) {
   auto* topk_opt = sample->add_option("--top-k", sa.options.top_k,
                                       "Keep the k most likely tokens, 0 = all (default: the training run's "
                                       "sample_top_k, else 0)")
-                       ->check(CLI::Range(0, 1 << 24));
+                       ->check(WholeNumber(0, 1 << 24));
   sample->add_option("--seed", sample_seed, "Sampling seed (>= 0)")->check(SeedValidator())->capture_default_str();
   sample->add_option("--tokenizer", sa.tokenizer, "byte or gpt2 (default: the one the weights record)");
   sample->add_option("--tokenizer-dir", sa.tokenizer_dir, tok_dir_help);
@@ -622,15 +626,15 @@ int RunCli(int argc, char** argv) {
   bool no_fuse_residual = false, nondeterministic = false;
   bench->add_option("--model", model_path, "Model config")->required();
   bench->add_option("--train", bench_train, "Training config (batch shape, device, model options)");
-  bench->add_option("--steps", bopt.steps, "Timed steps")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  bench->add_option("--warmup", bopt.warmup, "Untimed warm-up steps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  bench->add_option("--steps", bopt.steps, "Timed steps")->check(WholeNumber(1, 1 << 20))->capture_default_str();
+  bench->add_option("--warmup", bopt.warmup, "Untimed warm-up steps")->check(WholeNumber(0, 1 << 20))->capture_default_str();
   bench->add_option("--peak-tflops", bopt.peak_tflops, "CUDA peak for MFU (default: the GPU's dense datasheet figure, docs/monitoring.md; unknown GPUs: H100's bf16 989, fp32 67)");
   bench->add_flag("--gemm-peak", bopt.gemm_peak, "Also measure the SGEMM ceiling (2048^3, the build's GEMM engine)");
   bench->add_flag("--no-fuse-residual", no_fuse_residual, "CUDA: as --fuse-residual false");
   bench->add_flag("--nondeterministic-attention", nondeterministic, "CUDA, attention cudnn: as --deterministic false");
   bench->add_option("--profile-steps", bopt.profile_steps,
                     "CUDA: after the timed steps, N more with the GPU time of each piece of work (table)")
-      ->check(CLI::Range(0, 100))
+      ->check(WholeNumber(0, 100))
       ->capture_default_str();
   bench->allow_extras();
   bench->footer(

@@ -862,7 +862,16 @@ Status Trainer::WriteOutputs(const TrainResult& result) {
   TF_RETURN_IF_ERROR(backend_->GetParams(params));
   const WeightsCard card = Card();
   const std::map<std::string, std::string> meta = card.ToMetadata();
-  if (Status s = ExportHFWeights(weights, model_config_, params, meta, SafetensorsDtype::kF32, env_); !s.ok()) {
+  // The run's files go in as one set: each is written under a temporary name, and only when all
+  // are written are they renamed into place, so a failed write (a full disk) leaves the previous
+  // run's set whole instead of mixing the two.
+  const std::vector<std::pair<std::string, std::string>> side = {
+      {"config.json", HFConfigJson(model_config_, card.tokenizer)},
+      {"model_config.json", ModelConfigToJson(model_config_).dump(2) + "\n"},
+      {"train_config.json", TrainConfigToJson(config_).dump(2) + "\n"}};
+  auto staged = [&](const std::string& name) { return fmt::format("{}/{}.new-{}", dir, name, ::getpid()); };
+  if (Status s = ExportHFWeights(staged("model.safetensors"), model_config_, params, meta, SafetensorsDtype::kF32, env_);
+      !s.ok()) {
     // Keep the trained weights somewhere: the run's work must not be lost with the write.
     const char* tmp = std::getenv("TMPDIR");
     const std::string rescue = fmt::format("{}/trainflow-rescue-{}", tmp != nullptr && *tmp ? tmp : "/tmp", ::getpid());
@@ -875,14 +884,21 @@ Status Trainer::WriteOutputs(const TrainResult& result) {
     }
     return Status(s.code(), s.message() + "; saving them elsewhere failed too: " + kept.message());
   }
-  TF_RETURN_IF_ERROR(env_->WriteFileAtomically(dir + "/config.json", HFConfigJson(model_config_, card.tokenizer)));
-  TF_RETURN_IF_ERROR(
-      env_->WriteFileAtomically(dir + "/model_config.json", ModelConfigToJson(model_config_).dump(2) + "\n"));
-  TF_RETURN_IF_ERROR(env_->WriteFileAtomically(dir + "/train_config.json", TrainConfigToJson(config_).dump(2) + "\n"));
-  // The curves for whoever did not watch: out_dir/report.html. A failure costs only the report.
+  for (const auto& [name, content] : side) {
+    if (Status s = env_->WriteFileAtomically(staged(name), content); !s.ok()) {
+      for (const auto& [other, unused] : side) (void)RemoveIfExists(staged(other));
+      return Status(s.code(), s.message() + fmt::format("; {}'s files are unchanged, the trained weights are in {}",
+                                                        dir, staged("model.safetensors")));
+    }
+  }
+  TF_RETURN_IF_ERROR(env_->RenameFile(staged("model.safetensors"), weights));
+  for (const auto& [name, unused] : side) TF_RETURN_IF_ERROR(env_->RenameFile(staged(name), dir + "/" + name));
+  // The curves for whoever did not watch: out_dir/report.html. A failure costs only the report (an
+  // earlier run's is removed: it would describe other weights).
   if (!result.steps.empty() && options_.write_outputs) {
     if (auto report = WriteRunReport(dir, "", env_); !report.ok()) {
       spdlog::warn("no report.html: {}", report.status().ToString());
+      (void)RemoveIfExists(dir + "/report.html");
     }
   }
   if (options_.print_progress) {

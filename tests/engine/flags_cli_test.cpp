@@ -1,5 +1,6 @@
 // Command-line spelling through the real binary: every flag of every command takes dashes or
-// underscores between words, `train --help` lists the config keys, and a plain `train` keeps a log.
+// underscores between words, `train --help` lists the config keys, a plain `train` keeps a log, and
+// a non-number where a number belongs is named as such.
 #include <string>
 
 #include "tests/engine/cli_fixture.h"
@@ -44,6 +45,11 @@ TEST_F(CliFixture, TrainKeepsALogOfTheConsole) {
   const std::string both = cli_testing::ReadAll(Path("out/train.log"));
   EXPECT_TRUE(both.starts_with(log)) << both;
   EXPECT_NE(both.find("already holds"), std::string::npos) << both;
+}
+
+TEST_F(CliFixture, NumberFlagsNameTheProblem) {
+  const RunResult r = Run({"sample", "--weights", Path("none.safetensors"), "--tokens", "abc"});
+  ExpectCleanFailure(r, {"--tokens", "whole number", "abc"});
 }
 
 }  // namespace

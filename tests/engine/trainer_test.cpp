@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -53,6 +54,13 @@ class TrainerTest : public ::testing::Test {
     auto result = (*trainer)->Run();
     EXPECT_TRUE(result.ok()) << result.status().ToString();
     return *result;
+  }
+
+  // A finished run of `t` whose outputs are in t.out_dir.
+  void WriteOutputs(const TrainConfig& t) {
+    auto trainer = Trainer::Create(model_, t, Trainer::Options{.print_progress = false});
+    ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+    ASSERT_TRUE((*trainer)->Run().ok());
   }
 
   fs::path dir_;
@@ -134,11 +142,7 @@ TEST_F(TrainerTest, WritesLoadableOutputs) {
 TEST_F(TrainerTest, FailedWeightsWriteKeepsPreviousFileAndRescuesTheWeights) {
   TrainConfig t = train_;
   t.max_steps = 1;
-  {
-    auto first = Trainer::Create(model_, t, Trainer::Options{.print_progress = false});
-    ASSERT_TRUE(first.ok()) << first.status().ToString();
-    ASSERT_TRUE((*first)->Run().ok());
-  }
+  WriteOutputs(t);
   const fs::path weights = fs::path(t.out_dir) / "model.safetensors";
   auto previous = Env::Default()->ReadFileToString(weights.string());
   ASSERT_TRUE(previous.ok());
@@ -174,6 +178,32 @@ TEST_F(TrainerTest, FailedWeightsWriteKeepsPreviousFileAndRescuesTheWeights) {
   std::vector<float> loaded(trained.size());
   ASSERT_TRUE((*again)->backend().GetParams(loaded).ok());
   EXPECT_EQ(std::memcmp(trained.data(), loaded.data(), trained.size() * sizeof(float)), 0);
+}
+
+// The final files are one set: a failed write of a side file (here: the rename that puts the new
+// config.json in place, the second rename of the outputs) leaves every file of the previous run as
+// it was, and says where this run's weights are.
+TEST_F(TrainerTest, FailedSideFileWriteLeavesThePreviousSetWhole) {
+  TrainConfig t = train_;
+  t.max_steps = 1;
+  WriteOutputs(t);
+  std::map<std::string, std::string> before;
+  for (const char* f : {"model.safetensors", "config.json", "model_config.json", "train_config.json", "report.html"}) {
+    auto text = Env::Default()->ReadFileToString((fs::path(t.out_dir) / f).string());
+    ASSERT_TRUE(text.ok()) << f;
+    before[f] = *text;
+  }
+  FaultInjectionEnv env(Env::Default(), FaultOptions{.fail_rename_at = 2});
+  t.max_steps = 2;
+  t.fresh = true;
+  auto trainer = Trainer::Create(model_, t, Trainer::Options{.print_progress = false, .env = &env});
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  auto result = (*trainer)->Run();
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("files are unchanged"), std::string::npos) << result.status().ToString();
+  for (const auto& [f, text] : before) {
+    EXPECT_EQ(*Env::Default()->ReadFileToString((fs::path(t.out_dir) / f).string()), text) << f;
+  }
 }
 
 TEST_F(TrainerTest, CudaDeviceWithoutGpuIsAClearError) {
