@@ -71,11 +71,23 @@ class DistributedCli : public ::testing::Test {
 constexpr const char* kMpirun = TF_MPIRUN " ";  // on loopback only (tests/CMakeLists.txt)
 
 TEST_F(DistributedCli, RankFailingAloneEndsTheJobWithItsError) {
-  // Rank 0 finds d/train.bin in node_a; rank 1's working directory node_b has no such file.
-  const Result r = Shell(std::string(kMpirun) + Rank("node_a") + " : " + Rank("node_b"), dir_ / "log1.txt");
+  // Rank 0 alone checks out_dir (it alone writes the outputs); rank 1 goes on to the next collective.
+  const std::string bad_out = "--out_dir /proc/trainflow-no-such-dir";
+  const Result r =
+      Shell(std::string(kMpirun) + Rank("node_a", bad_out) + " : " + Rank("node_a", bad_out), dir_ / "log1.txt");
   EXPECT_NE(r.code, 124) << "the job hung:\n" << r.out;
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("d/train.bin: no such token file"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("/proc/trainflow-no-such-dir"), std::string::npos) << r.out;
+}
+
+TEST_F(DistributedCli, RanksResolvingPathsToDifferentFilesAreNamed) {
+  // Relative paths are resolved against each rank's working directory: node_a's and node_b's
+  // d/train.bin are different files.
+  const Result r = Shell(std::string(kMpirun) + Rank("node_a") + " : " + Rank("node_b"), dir_ / "log5.txt");
+  EXPECT_NE(r.code, 124) << "the job hung:\n" << r.out;
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("key 'train_data' is \"" + (dir_ / "node_a/d/train.bin").string()), std::string::npos)
+      << r.out;
 }
 
 TEST_F(DistributedCli, DifferentConfigsAreNamed) {
@@ -104,7 +116,9 @@ TEST_F(DistributedCli, TwoRanksTrain) {
                              "/trainflow eval --device cpu --weights " + (dir_ / "out" / "model.safetensors").string(),
                          dir_ / "log4.txt");
   ASSERT_EQ(e.code, 0) << e.out;
-  EXPECT_NE(e.out.find("eval: 4 batches x 2 x 16 tokens of d/train.bin"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("eval: 4 batches x 2 x 16 tokens of " + (dir_ / "node_a/d/train.bin").string()),
+            std::string::npos)
+      << e.out;
   const auto loss = e.out.find(": loss ");
   ASSERT_NE(loss, std::string::npos) << e.out;
   EXPECT_EQ(r.out.substr(at + 9, 6), fmt::format("{:.4f}", std::stod(e.out.substr(loss + 7)))) << r.out << e.out;
