@@ -277,6 +277,11 @@ int CmdTrain(const std::string& model_path, const std::string& train_path, const
     return rc;
   };
   if (!s.ok()) return fail(nullptr, s);
+  // The default out_dir ("out", not in any file or flag) is recorded absolute like the others.
+  if (std::error_code ec; !train.out_dir.empty()) {
+    const fs::path abs = fs::absolute(train.out_dir, ec);
+    if (!ec) train.out_dir = abs.lexically_normal().string();
+  }
   // out_dir/train.log: what rank 0's console shows, appended run after run (the supervisor of
   // `trainflow launch` keeps the logs of its jobs itself).
   std::unique_ptr<ConsoleCopy> console;
