@@ -11,7 +11,9 @@ namespace {
 using cli_testing::CliFixture;
 using cli_testing::RunResult;
 
-TEST_F(CliFixture, EveryCommandTakesBothSpellings) {
+class FlagsCli : public CliFixture {};
+
+TEST_F(FlagsCli, EveryCommandTakesBothSpellings) {
   std::ofstream(Path("text.txt")) << "one two three four five six seven eight nine ten\n";
   const RunResult p = Run({"prepare", "--input", Path("text.txt"), "--out_dir", Path("data"), "--val_fraction", "0"});
   ASSERT_EQ(p.exit_code, 0) << p;
@@ -24,7 +26,7 @@ TEST_F(CliFixture, EveryCommandTakesBothSpellings) {
   EXPECT_EQ(s.exit_code, 0) << s;
 }
 
-TEST_F(CliFixture, TrainHelpListsTheKeys) {
+TEST_F(FlagsCli, TrainHelpListsTheKeys) {
   const RunResult h = Run({"train", "--help"});
   EXPECT_EQ(h.exit_code, 0) << h;
   for (const char* needle : {"docs/configs.md", "--checkpoint_keep_last", "--fresh", "--extend", "--n_layer"}) {
@@ -32,7 +34,7 @@ TEST_F(CliFixture, TrainHelpListsTheKeys) {
   }
 }
 
-TEST_F(CliFixture, TrainKeepsALogOfTheConsole) {
+TEST_F(FlagsCli, TrainKeepsALogOfTheConsole) {
   TokenFile("train.bin", 400);
   const RunResult t = Train({"--train_data", Path("train.bin"), "--metrics_addr", "off"});
   ASSERT_EQ(t.exit_code, 0) << t;
@@ -47,7 +49,7 @@ TEST_F(CliFixture, TrainKeepsALogOfTheConsole) {
   EXPECT_NE(both.find("already holds"), std::string::npos) << both;
 }
 
-TEST_F(CliFixture, NumberFlagsNameTheProblem) {
+TEST_F(FlagsCli, NumberFlagsNameTheProblem) {
   const RunResult r = Run({"sample", "--weights", Path("none.safetensors"), "--tokens", "abc"});
   ExpectCleanFailure(r, {"--tokens", "whole number", "abc"});
 }
