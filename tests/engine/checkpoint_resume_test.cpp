@@ -205,9 +205,15 @@ TEST_F(CheckpointResumeTest, ResumeAtAnotherWorldSizeFollowsTheReferenceRun) {
     ASSERT_EQ(ref.exit_code, 0) << ref;
     const RunResult a = RunWith(Mpirun(2), args("a", 3, 10, codec));
     ASSERT_EQ(a.exit_code, 5) << a;
+    // Under plain mpirun (which then reports an abort with exit code 5) rank 0 says what the stop is.
+    EXPECT_NE(a.out.find("stopped after step 10 of 30: a clean, resumable stop (exit code 5); run the same command "
+                         "to resume"),
+              std::string::npos)
+        << a;
     const RunResult b = Run(args("b", 6, 20, codec));
     ASSERT_EQ(b.exit_code, 5) << b;
     EXPECT_NE(b.out.find("resumed from " + ckpt + "/step-000000000010"), std::string::npos) << b;
+    EXPECT_NE(b.err.find("another summation order (2 ranks then, 1 now)"), std::string::npos) << b;
     const RunResult c = RunWith(Mpirun(3), args("c", 2, 0, codec));
     ASSERT_EQ(c.exit_code, 0) << c;
     EXPECT_NE(c.out.find("(step 20, "), std::string::npos) << c;
