@@ -216,6 +216,15 @@ TEST_F(ResumeTest, TwoMpiRanksWithInt8AndErrorFeedbackResumeBitIdentically) {
   const RunResult resumed = mpirun(TrainArgs("resumed", {"--resume_state", Path("first/train_state.safetensors")}));
   ASSERT_EQ(resumed.exit_code, 0) << resumed;
   ExpectSameRun(full, resumed, kHalf);
+  // The same command again in the stopped run's out_dir resumes it by itself, each rank from its
+  // own file (rank 1's residuals are its own), to the same weights.
+  const RunResult again = mpirun(TrainArgs("first", {}));
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_NE(again.out.find("resuming the stopped run in out_dir from " + Path("first/train_state.safetensors") +
+                           " (step 4)"),
+            std::string::npos)
+      << again;
+  cli_testing::ExpectSameWeights(Path("full"), Path("first"));
 }
 
 TEST_F(ResumeTest, SigtermStopsAfterTheStepWithLoadableOutputs) {
