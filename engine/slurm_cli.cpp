@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -19,6 +20,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "base/env.h"
+#include "base/json.h"
 #include "base/subprocess.h"
 #include "engine/cli.h"
 #include "engine/launch_cli.h"
@@ -145,11 +148,15 @@ Status WriteFile(const std::string& path, const std::string& text, mode_t mode) 
   return Status::OK();
 }
 
+// The job's own JSON files (job.json, usage.json): {} when missing; a damaged one is named and
+// replaced by {} (what it held is rebuilt or recounted).
 json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return json::object();
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() ? j : json::object();
+  StatusOr<json> j = ReadJsonFile(path, "job file", Env::Default(), uint64_t{16} << 20);
+  if (!j.ok()) {
+    if (j.status().code() != StatusCode::kNotFound) spdlog::warn("{}; starting it afresh", j.status().ToString());
+    return json::object();
+  }
+  return j->is_object() ? *j : json::object();
 }
 
 std::string HumanBytes(double b) {
@@ -268,9 +275,17 @@ std::string BuildScript(const SlurmCommands& c, const std::string& name, const s
   return s;
 }
 
+// `flag` in the train command, in either spelling (--out_dir, --out-dir), up to a bare "--".
 bool HasFlag(const std::vector<std::string>& args, const std::string& flag) {
+  auto dashed = [](std::string s) {
+    std::replace(s.begin() + std::min<size_t>(2, s.size()), s.end(), '_', '-');
+    return s;
+  };
+  const std::string want = dashed(flag);
   for (const std::string& a : args) {
-    if (a == flag || a.starts_with(flag + "=")) return true;
+    if (a == "--") break;
+    const std::string name = dashed(a.substr(0, a.find('=')));
+    if (name == want) return true;
   }
   return false;
 }

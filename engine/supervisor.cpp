@@ -28,6 +28,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/env.h"
+#include "base/json.h"
 #include "base/subprocess.h"
 #include "engine/slurm_util.h"
 #include "monitor/heartbeat.h"
@@ -54,25 +55,8 @@ double WallNow() {
 constexpr uint64_t kMaxStateBytes = uint64_t{256} << 20;
 constexpr uint64_t kMaxHostfileBytes = uint64_t{64} << 20;
 
-// JSON from a file the supervisor keeps; nesting beyond 64 levels is refused before it is built.
-StatusOr<json> ParseLimitedJson(const std::string& text, const std::string& source) {
-  constexpr int kMaxDepth = 64;
-  bool too_deep = false;
-  json j = json::parse(
-      text,
-      [&](int depth, json::parse_event_t, json&) {
-        if (depth > kMaxDepth) too_deep = true;
-        return !too_deep;
-      },
-      /*allow_exceptions=*/false);
-  if (too_deep) return Status::InvalidArgument("'{}' is nested more than {} levels deep", source, kMaxDepth);
-  if (j.is_discarded()) return Status::InvalidArgument("'{}' is not valid JSON", source);
-  return j;
-}
-
 StatusOr<json> ReadStateFile(const std::string& path) {
-  TF_ASSIGN_OR_RETURN(std::string text, Env::Default()->ReadFileToString(path, kMaxStateBytes));
-  TF_ASSIGN_OR_RETURN(json st, ParseLimitedJson(text, path));
+  TF_ASSIGN_OR_RETURN(json st, ReadJsonFile(path, "supervisor state", Env::Default(), kMaxStateBytes));
   if (!st.is_object()) return Status::InvalidArgument("'{}' is not a supervisor state (not a JSON object)", path);
   if (!st.contains("version") || !st["version"].is_number_integer()) {
     return Status::InvalidArgument("'{}' is not a supervisor state (no version)", path);
@@ -1742,7 +1726,7 @@ Status PrintLaunchStatus(const std::string& state_dir, bool as_json) {
   if (auto text = Env::Default()->ReadFileToString(state_dir + "/incidents.jsonl", kMaxStateBytes); text.ok()) {
     std::istringstream lines(*text);
     for (std::string line; std::getline(lines, line);) {
-      StatusOr<json> j = ParseLimitedJson(line, "incidents.jsonl");
+      StatusOr<json> j = ParseJson(line, "incidents.jsonl", /*allow_comments=*/false);
       if (j.ok() && j->is_object()) incidents.push_back(std::move(*j));
     }
   }

@@ -1,5 +1,7 @@
 #include "engine/train_config.h"
 
+#include "base/json.h"
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -356,8 +358,9 @@ json TrainConfigToJson(const TrainConfig& c) {
 
 void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, json* model, json* train) {
   for (const auto& [key, text] : overrides) {
-    json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (value.is_discarded() || value.is_object() || value.is_array()) value = text;
+    StatusOr<json> parsed = ParseJson(text, "--" + key, /*allow_comments=*/false);
+    json value = parsed.ok() ? std::move(*parsed) : json(text);
+    if (value.is_object() || value.is_array()) value = text;
     // String-typed keys take the text as given: --out_dir 2024, --sample_prompt true.
     if (auto it = Fields().find(key); it != Fields().end() && std::string(it->second.type) == "a string") value = text;
     bool is_model = false;

@@ -1,5 +1,7 @@
 #include "engine/trainer.h"
 
+#include "base/json.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -467,7 +469,9 @@ Status Trainer::SetState(const TrainState& s) {
   }
   // Name the first trajectory key that differs.
   const json mine = json::parse(TrajectoryJson(config_, topology_.world, {}));
-  const json theirs = json::parse(s.train_config, nullptr, /*allow_exceptions=*/false);
+  StatusOr<json> parsed = ParseJson(s.train_config, "the training state's training config", false);
+  if (!parsed.ok()) return Status::Corruption("{}", parsed.status().message());
+  const json theirs = std::move(*parsed);
   if (!theirs.is_object()) return Status::Corruption("the training state's training config is not a JSON object");
   if (theirs.value("rows_per_step", int64_t{-1}) != rows_per_step()) {
     return Status::InvalidArgument(
@@ -632,7 +636,8 @@ Status Trainer::ResumeOrStart() {
         c.out_dir, weights_path, step,
         c.extend ? " (--extend needs the run's training state: save_state true or a checkpoint_dir)" : "");
   }
-  const json theirs = json::parse(meta->train_config, nullptr, /*allow_exceptions=*/false);
+  StatusOr<json> their_config = ParseJson(meta->train_config, "the training state's training config", false);
+  const json theirs = their_config.ok() ? std::move(*their_config) : json();
   const int64_t their_max = theirs.is_object() ? theirs.value("max_steps", int64_t{-1}) : -1;
   if (meta->step >= their_max && !c.extend) {
     return Status::InvalidArgument(

@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "base/json.h"
 #include "base/progress.h"
 #include "base/sha256.h"
 #include "monitor/server.h"
@@ -141,7 +142,9 @@ StatusOr<json> HeartbeatSession::Open(const std::string& line) {
     return Status::InvalidArgument("a heartbeat frame out of sequence ({} after {}): replayed or lost", seq,
                                    recv_seq_);
   }
-  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  StatusOr<json> parsed = ParseJson(text, "a heartbeat frame", /*allow_comments=*/false);
+  if (!parsed.ok()) return parsed.status();
+  json body = std::move(*parsed);
   if (!body.is_object()) return Status::InvalidArgument("a heartbeat frame whose body is not a JSON object");
   recv_seq_ = seq;
   return body;
