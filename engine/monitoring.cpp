@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/progress.h"
+#include "engine/train_backend.h"
 #include "model/config.h"
 #include "monitor/metrics.h"
 #include "monitor/server.h"
@@ -80,6 +81,12 @@ class MonitorObserver final : public StepObserver {
   Status OnStart(Trainer& t) override {
     const std::string what = t.resumed_from().empty() ? fmt::format("started at step {}", t.step()) : t.resumed_from();
     monitor_->AddEvent("start", t.step(), what);
+    // The evaluation observer (added before this one) evaluated the initial weights.
+    const auto& vals = t.result().val_losses;
+    if (!vals.empty() && vals.back().first == t.step()) {
+      monitor_->RecordEval(t.step(), vals.back().second);
+      monitor_->AddEvent("eval", t.step(), fmt::format("validation loss {:.4f} (before training)", vals.back().second));
+    }
     return Status::OK();
   }
 
@@ -270,6 +277,16 @@ StatusOr<std::unique_ptr<StepObserver>> MakeMonitorObserver(Trainer& t) {
   info.max_steps = c.max_steps;
   info.model_config = ModelConfigToJson(m);
   info.train_config = TrainConfigToJson(c);
+  // What the run uses, where the config leaves the choice to the engine (device "auto"; the CPU
+  // backend computes in fp32 whatever dtype says); the configured values beside them.
+  const bool cuda = UsesCuda(c);
+  const std::pair<const char*, std::string> resolved[] = {{"device", cuda ? "cuda" : "cpu"},
+                                                          {"dtype", cuda ? c.dtype : "fp32"}};
+  for (const auto& [key, value] : resolved) {
+    if (info.train_config.value(key, "") == value) continue;
+    info.train_config[std::string(key) + "_configured"] = info.train_config[key];
+    info.train_config[key] = value;
+  }
   info.anomaly_series = t.anomaly_label_pairs();
   const std::optional<double> peak = PeakTflops(c, t.backend().Describe());
   info.has_mfu = peak.has_value();

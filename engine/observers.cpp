@@ -166,6 +166,14 @@ class MetricsJsonlObserver final : public StepObserver {
     auto f = t.step() == 0 ? t.env()->NewWritableFile(path_) : t.env()->NewAppendableFile(path_);
     if (!f.ok()) return f.status().WithContext("metrics.jsonl");
     file_ = std::move(f).value();
+    // The evaluation of the initial weights (the evaluation observer runs first) has no step record.
+    const auto& vals = t.result().val_losses;
+    if (!vals.empty() && vals.back().first == t.step()) {
+      return Append(Dump({{"event", "eval"},
+                          {"step", t.step()},
+                          {"val_loss", vals.back().second},
+                          {"message", fmt::format("validation loss {:.4f} before training", vals.back().second)}}));
+    }
     return Status::OK();
   }
   Status OnStep(Trainer& t, StepStats& s) override {

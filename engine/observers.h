@@ -2,7 +2,7 @@
 // order: evaluation (val loss at step 0 when eval_interval > 0, every eval_interval steps and at the
 // end), sampling (every sample_interval steps and at the end, rank 0), the progress line (rank 0,
 // stdout) and metrics.jsonl (rank 0: one JSON line per step, appended and flushed as the step
-// ends, then one per evaluation). The checkpointer, metrics registry and heartbeat are added the
+// ends, holding that step's evaluation; the evaluation before training is an "eval" event line). The checkpointer, metrics registry and heartbeat are added the
 // same way. Thread safety: run on the training thread.
 #pragma once
 #include <memory>

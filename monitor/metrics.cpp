@@ -52,7 +52,10 @@ Monitor::Monitor(RunInfo info)
                          "Unix time the last step completed (a stale value: the run is stuck or gone)");
   NewGauge(reg, "trainflow_max_steps", "The run's max_steps").Set(static_cast<double>(info_.max_steps));
   loss_ = &NewGauge(reg, "trainflow_loss", "Training loss of the last step (mean over ranks and micro-batches)");
-  eval_loss_ = &NewGauge(reg, "trainflow_eval_loss", "Validation loss of the last evaluation");
+  eval_loss_family_ = &prometheus::BuildGauge()
+                           .Name("trainflow_eval_loss")
+                           .Help("Validation loss of the last evaluation (absent before the first)")
+                           .Register(reg);
   lr_ = &NewGauge(reg, "trainflow_learning_rate", "Learning rate of the last step");
   grad_norm_ = &NewGauge(reg, "trainflow_grad_norm", "Global gradient norm of the last step, before clipping");
   tokens_per_s_ = &NewGauge(reg, "trainflow_tokens_per_second", "Tokens per second of the last step, all ranks");
@@ -148,12 +151,11 @@ void Monitor::RecordStep(const StepRecord& r) {
     codec_s_->Set(r.codec_s);
     compression_->Set(r.compression);
   }
-  if (r.val_loss) eval_loss_->Set(*r.val_loss);
   if (r.checkpoint_stall_s) {
     ckpt_stall_total_->Increment(*r.checkpoint_stall_s);
     ckpt_last_stall_->Set(*r.checkpoint_stall_s);
   }
-  Point p{r, now, 0, 0, -1};
+  Point p{r, false, now, 0, 0, -1};
   p.r.rank_busy_s.clear();
   if (!r.rank_busy_s.empty() && slowest_rank_ != nullptr) {
     const auto [lo, hi] = std::minmax_element(r.rank_busy_s.begin(), r.rank_busy_s.end());
@@ -168,6 +170,7 @@ void Monitor::RecordStep(const StepRecord& r) {
     busy_spread_->Set(p.spread_s);
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (r.val_loss) SetEvalLossLocked(*r.val_loss);
   if (!r.rank_busy_s.empty()) {
     rank_busy_s_ = r.rank_busy_s;
     rank_busy_step_ = r.step;
@@ -185,11 +188,24 @@ void Monitor::RecordStep(const StepRecord& r) {
   points_.push_back(std::move(p));
 }
 
-void Monitor::RecordEval(int64_t step, double loss) {
+void Monitor::SetEvalLossLocked(double loss) {
+  if (eval_loss_ == nullptr) eval_loss_ = &eval_loss_family_->Add({});
   eval_loss_->Set(loss);
+}
+
+void Monitor::RecordEval(int64_t step, double loss) {
   std::lock_guard<std::mutex> lock(mu_);
-  // The evaluation after a step belongs to that step's record (step 0's has none: an event shows it).
-  if (!points_.empty() && points_.back().r.step == step) points_.back().r.val_loss = loss;
+  SetEvalLossLocked(loss);
+  if (!points_.empty() && points_.back().r.step == step) {
+    points_.back().r.val_loss = loss;
+  } else if (points_.empty() || points_.back().r.step < step) {
+    Point p;
+    p.r.step = step;
+    p.r.val_loss = loss;
+    p.eval_only = true;
+    p.time_unix = NowUnix();
+    points_.push_back(std::move(p));
+  }
 }
 
 void Monitor::RecordCheckpoints(const CheckpointCounters& c) {
@@ -285,6 +301,10 @@ std::string Monitor::StepsJson(int64_t after) const {
   json steps = json::array();
   for (auto it = page.begin(); it != page.end(); ++it) {
     const StepRecord& r = it->r;
+    if (it->eval_only) {
+      steps.push_back(json{{"step", r.step}, {"val_loss", Num(r.val_loss.value_or(NAN))}, {"time_unix", it->time_unix}});
+      continue;
+    }
     json s{{"step", r.step},
            {"loss", Num(r.loss)},
            {"lr", Num(r.lr)},

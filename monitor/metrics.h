@@ -91,6 +91,8 @@ class Monitor : public MetricsSource {
   Monitor& operator=(const Monitor&) = delete;
 
   void RecordStep(const StepRecord& r);
+  // An evaluation after `step`: it joins that step's record, or (the evaluation before the first
+  // step of this process) becomes a record of its own holding only val_loss.
   void RecordEval(int64_t step, double loss);
   void RecordCheckpoints(const CheckpointCounters& c);
   void RecordAnomaly(const std::string& kind, const std::string& action);
@@ -111,6 +113,8 @@ class Monitor : public MetricsSource {
   std::string RanksJson() const override;
 
  private:
+  void SetEvalLossLocked(double loss);
+
   struct Event {
     int64_t id, step;
     double time_unix;
@@ -118,6 +122,7 @@ class Monitor : public MetricsSource {
   };
   struct Point {  // StepRecord without the per-rank vector
     StepRecord r;
+    bool eval_only = false;  // an evaluation with no step of its own (before the first step)
     double time_unix = 0;
     double slowest_busy_s = 0, spread_s = 0;
     int slowest_rank = -1;
@@ -126,7 +131,9 @@ class Monitor : public MetricsSource {
   const RunInfo info_;
   const double started_unix_;
   std::shared_ptr<prometheus::Registry> registry_;
-  prometheus::Gauge *step_time_, *step_, *loss_, *eval_loss_, *lr_, *grad_norm_, *tokens_per_s_, *mfu_;
+  prometheus::Gauge *step_time_, *step_, *loss_, *lr_, *grad_norm_, *tokens_per_s_, *mfu_;
+  // trainflow_eval_loss has no sample until the first evaluation (0 would read as a loss).
+  prometheus::Family<prometheus::Gauge>* eval_loss_family_;
   prometheus::Gauge *part_data_, *part_compute_, *part_comm_, *part_optimizer_;
   prometheus::Counter *tokens_total_, *steps_total_, *sent_bytes_total_;
   prometheus::Histogram* step_duration_;
@@ -139,6 +146,7 @@ class Monitor : public MetricsSource {
   prometheus::Gauge *slowest_rank_, *slowest_busy_, *busy_spread_;
 
   mutable std::mutex mu_;  // guards everything below
+  prometheus::Gauge* eval_loss_ = nullptr;  // added at the first evaluation
   std::vector<Point> points_;
   std::vector<Event> events_;   // oldest first, at most kMaxEvents
   std::vector<Event> samples_;  // the same for "sample" events (long texts, frequent)

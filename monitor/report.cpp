@@ -38,6 +38,7 @@ struct Event {
   std::string kind;
   std::string message;
   std::string details;  // the other keys, as compact JSON
+  std::optional<double> val_loss;  // an "eval" event's
 };
 
 // The resolved run. A value column is empty when no record has the key; otherwise it has one entry
@@ -67,6 +68,26 @@ std::optional<int64_t> NonNegativeInt(const json& v) {
 }
 
 std::string CompactJson(const json& v) { return v.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// An "eval" event's loss as the validation point of its step: the evaluation before training has
+// no step record, so its step is inserted (with no other value).
+void AddEvaluationEvents(Run* run) {
+  for (const Event& e : run->events) {
+    if (!e.val_loss) continue;
+    const auto it = std::lower_bound(run->steps.begin(), run->steps.end(), *e.step);
+    const size_t i = static_cast<size_t>(it - run->steps.begin());
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    if (it == run->steps.end() || *it != *e.step) {
+      run->steps.insert(it, *e.step);
+      for (std::vector<double>& col : run->values) {
+        if (!col.empty()) col.insert(col.begin() + static_cast<ptrdiff_t>(i), nan);
+      }
+    }
+    std::vector<double>& val = run->values[kValLoss];
+    if (val.empty()) val.assign(run->steps.size(), nan);
+    if (std::isnan(val[i])) val[i] = *e.val_loss;
+  }
+}
 
 StatusOr<Run> ParseRun(std::string_view text) {
   // Records in file order; rollbacks as (number of records before the event, to_step).
@@ -116,6 +137,9 @@ StatusOr<Run> ParseRun(std::string_view text) {
       for (const auto& [key, value] : record.items()) {
         if (key == "message" && value.is_string()) e.message = value.get<std::string>();
         else if (key != "event" && key != "step") rest[key] = value;
+      }
+      if (const auto v = record.find("val_loss"); e.kind == "eval" && step && v != record.end() && v->is_number()) {
+        e.val_loss = v->get<double>();
       }
       if (!rest.empty()) e.details = CompactJson(rest);
       run.events.push_back(std::move(e));
@@ -187,6 +211,7 @@ StatusOr<Run> ParseRun(std::string_view text) {
     if (std::none_of(col.begin(), col.end(), [](double v) { return !std::isnan(v); })) col.clear();
     std::vector<double>().swap(raw);
   }
+  AddEvaluationEvents(&run);
   return run;
 }
 

@@ -2,7 +2,8 @@
 // script, nothing fetched) of the curves in a run's metrics.jsonl, its events and a summary.
 //
 // Input: one JSON object per line. A line with an "event" key is an event (listed, and marked on the
-// loss chart); any other object with a non-negative integer "step" is a step record. A later record
+// loss chart; an "eval" event's "val_loss" is plotted as a validation point of its step); any other
+// object with a non-negative integer "step" is a step record. A later record
 // of a step replaces an earlier one, and an event {"event":"rollback","to_step":S} discards every
 // step record with step > S that came before it (the abandoned branch); events are always kept.
 // Blank lines and a torn last line (no newline, not JSON) are ignored; other lines that are not such

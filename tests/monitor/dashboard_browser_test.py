@@ -301,6 +301,80 @@ def wait_for_url(proc, logfile, deadline, timeout):
                   % (URL_RE.pattern, timeout, tail(logfile)))
 
 
+def check_api(url, run_info, deadline):
+    """What the API says of this CPU run: the device and dtype it resolved, the evaluation before
+    training as a record of step 0."""
+    train = run_info.get("train") or {}
+    if (train.get("device"), train.get("dtype")) != ("cpu", "fp32") or train.get("device_configured") != "auto":
+        raise Failure("/api/run's train config should show what the CPU run resolved (device cpu, dtype fp32, "
+                      "device_configured auto); it shows device %r, dtype %r, device_configured %r"
+                      % (train.get("device"), train.get("dtype"), train.get("device_configured")))
+    end = time.monotonic() + deadline.cap(20)
+    while True:
+        first = (json.loads(http_get(url + "/api/steps?after=-1", deadline.cap(10))[2]).get("steps") or [None])[0]
+        if first is not None or time.monotonic() > end:
+            break
+        time.sleep(0.2)
+    if not first or first.get("step") != 0 or not isinstance(first.get("val_loss"), (int, float)) or "loss" in first:
+        raise Failure("/api/steps should start with the evaluation before training ({step: 0, val_loss}); it starts with %r"
+                      % (first,))
+    metrics = http_get(url + "/metrics", deadline.cap(10))[2].decode()
+    if not re.search(r"^trainflow_eval_loss [0-9.]+$", metrics, re.M):
+        raise Failure("/metrics has no trainflow_eval_loss sample after the step-0 evaluation")
+    log("API: step-0 evaluation %.4f, device/dtype resolved" % first["val_loss"])
+
+
+# The loss card and the smoothing, read in the page: the card shows the newest raw loss; the smoothed
+# series is the page's smoother over the raw one, never moving further than the newest raw value from
+# the previous smoothed one (the old curve jumped at its 20th point), equal to a flat series and
+# within its noise; the val curve starts at step 0; no KPI text is cut off.
+LOSS_PROBE = r"""JSON.stringify((() => {
+  const d = window.tfDashboard;
+  const raw = d.series('loss'), sm = d.series('loss_ema'), val = d.series('val_loss');
+  const flat = d.smooth(Array.from({length: 60}, () => 4));
+  const noisy = d.smooth(Array.from({length: 200}, (_, i) => 4 + 0.1 * Math.sin(i * 1.7)));
+  const ramp = d.smooth(Array.from({length: 60}, (_, i) => 5.5 - 0.025 * i));
+  const cut = {};
+  for (const id of ['k-loss', 'k-loss-sub', 'k-model', 'k-model-sub', 'k-tps-sub', 'k-device-sub']) {
+    const e = document.getElementById(id);
+    cut[id] = e.scrollWidth > e.clientWidth + 1 || e.scrollHeight > e.clientHeight + 1;
+  }
+  const cfg = {};
+  document.querySelectorAll('#cfg-train tr').forEach((tr) => { cfg[tr.cells[0].textContent] = tr.cells[1] ? tr.cells[1].textContent : null; });
+  return { loss: d.loss, raw, sm, val: val.slice(0, 2), flat, noisy, ramp, cut, cfg: { device: cfg.device, dtype: cfg.dtype } };
+})())"""
+
+
+def check_loss(p):
+    raw, sm = p["raw"], p["sm"]
+    if len(raw) < 25 or len(sm) != len(raw):
+        raise Failure("expected >= 25 raw loss points and as many smoothed; got %d and %d" % (len(raw), len(sm)))
+    loss = p["loss"] or {}
+    try:
+        shown = float(loss.get("shown"))
+    except (TypeError, ValueError):
+        shown = float("nan")
+    if loss.get("raw") is None or not abs(shown - loss["raw"]) <= 1e-3 * abs(loss["raw"]):
+        raise Failure("the LOSS card shows %r; the newest raw loss is %r (smoothed %r)"
+                      % (loss.get("shown"), loss.get("raw"), loss.get("smoothed")))
+    for i in range(1, len(raw)):
+        if abs(sm[i][1] - sm[i - 1][1]) > abs(raw[i][1] - sm[i - 1][1]) + 1e-9:
+            raise Failure("the smoothed loss moves from %.4f to %.4f at step %d, further than the raw value %.4f"
+                          % (sm[i - 1][1], sm[i][1], sm[i][0], raw[i][1]))
+    if any(abs(v - 4) > 1e-9 for v in p["flat"]) or any(abs(v - 4) > 0.1 for v in p["noisy"]):
+        raise Failure("smoothing a flat series at 4 (+- 0.1) gives values from %.4f to %.4f"
+                      % (min(p["flat"] + p["noisy"]), max(p["flat"] + p["noisy"])))
+    if any(b > a for a, b in zip(p["ramp"], p["ramp"][1:])) or abs(p["ramp"][0] - 5.5) > 1e-9:
+        raise Failure("smoothing a falling series should start at its first value and never rise: %s" % p["ramp"][:25])
+    if not p["val"] or p["val"][0][0] != 0:
+        raise Failure("the eval curve should start at step 0 (the evaluation before training): %s" % p["val"])
+    cut = [k for k, v in p["cut"].items() if v]
+    if cut:
+        raise Failure("cut-off text in the KPI cards: %s" % cut)
+    if p["cfg"] != {"device": "cpu", "dtype": "fp32"}:
+        raise Failure("the configuration table should show the resolved device and dtype (cpu, fp32): %s" % p["cfg"])
+
+
 def find_chromium(explicit):
     for c in [explicit] if explicit else ["chromium", "chromium-browser", "google-chrome"]:
         path = shutil.which(c) if c else None
@@ -370,6 +444,8 @@ def run(args, tmp, procs, deadline):
         log("run %s: %s, status %s" % (run_info.get("run_id"), run_info.get("device"), run_info.get("status")))
     except (OSError, ValueError) as e:
         raise Failure("the server at %s does not answer properly: %s" % (url, e))
+    if not args.server_cmd:
+        check_api(url, run_info, deadline)
 
     # 3. Headless Chromium, driven over the DevTools protocol.
     chrome_dir = os.path.join(tmp, "chrome")
@@ -500,6 +576,10 @@ def run(args, tmp, procs, deadline):
         raise Failure("the loss canvas has data-points=%s; expected > 0 (canvases: %s)" % (canvases.get("chart-loss"), canvases))
     if not d.get("connected"):
         raise Failure("the page says it is not connected: %s" % second.get("conn"))
+    if not args.server_cmd:
+        loss = wait_until("25 loss points", lambda p: loss_points(p) >= 50, 20)   # raw + smoothed
+        check_loss(json.loads(cdp.evaluate(LOSS_PROBE)))
+        log("loss card, smoothing, step-0 eval, KPI text and resolved config OK (%d points)" % loss_points(loss))
 
     # 7. The screenshots, then the page's health: no exception, nothing but the server contacted.
     shot = cdp.call("Page.captureScreenshot", {"format": "png"}, 20)

@@ -5,8 +5,10 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cmath>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "tests/engine/cli_fixture.h"
 
@@ -80,6 +82,29 @@ TEST_F(MonitorCli, ATakenPortIsMovedPastAndLogged) {
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_NE(r.out.find("port " + std::to_string(port) + " in use"), std::string::npos) << r;
   EXPECT_EQ(r.out.find("at http://127.0.0.1:" + std::to_string(port) + "/"), std::string::npos) << r;
+}
+
+// The evaluation of the initial weights is in metrics.jsonl (an "eval" event of step 0, before the
+// step records) and in the report, as a validation point and an event.
+TEST_F(MonitorCli, TheEvaluationBeforeTrainingIsRecorded) {
+  const std::string val_bin = TokenFile("val.bin", 400);
+  const RunResult r = Train({"--train_data", train_bin_, "--val_data", val_bin, "--max_steps", "4", "--eval_interval", "2",
+                             "--eval_batches", "1", "--metrics_addr", "off"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::istringstream lines(ReadAll(Path("out/metrics.jsonl")));
+  std::string line;
+  std::vector<nlohmann::json> records;
+  while (std::getline(lines, line)) records.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(records.size(), 5u) << ReadAll(Path("out/metrics.jsonl"));
+  EXPECT_EQ(records[0].value("event", ""), "eval") << records[0];
+  EXPECT_EQ(records[0].value("step", -1), 0) << records[0];
+  ASSERT_TRUE(records[0].contains("val_loss") && records[0]["val_loss"].is_number()) << records[0];
+  EXPECT_NEAR(records[0]["val_loss"].get<double>(), std::log(256.0), 0.5) << "the untrained byte model's loss";
+  for (int step = 1; step <= 4; ++step) EXPECT_EQ(records[step].value("step", -1), step) << records[step];
+  EXPECT_TRUE(records[2].contains("val_loss") && records[4].contains("val_loss"));
+  const std::string report = ReadAll(Path("out/report.html"));
+  EXPECT_NE(report.find("before training"), std::string::npos) << "the step-0 evaluation is not among the events";
+  EXPECT_NE(report.find("(step 0 to 4)"), std::string::npos) << "the curves do not start at the step-0 evaluation";
 }
 
 TEST_F(MonitorCli, ReportOfADirectoryWithoutMetricsIsAClearError) {

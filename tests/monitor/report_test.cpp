@@ -121,6 +121,23 @@ TEST(ReportTest, Summary) {
   EXPECT_NE(html.find("<h2>Events (3)</h2>"), std::string::npos);
 }
 
+// The evaluation before training ("eval" event of step 0, no step record) is the val curve's first
+// point.
+TEST(ReportTest, EvaluationBeforeTrainingIsTheFirstValPoint) {
+  std::string s = R"({"event":"eval","step":0,"val_loss":5.5,"message":"validation loss 5.5000 before training"})" "\n";
+  for (int step = 1; step <= 4; ++step) {
+    json r = {{"step", step}, {"loss", 5 - 0.5 * step}};
+    if (step == 4) r["val_loss"] = 3.5;
+    s += r.dump() + "\n";
+  }
+  const std::string html = Render(s);
+  EXPECT_TRUE(TagsBalanced(html));
+  EXPECT_NE(html.find("<td>5 (step 0 to 4)</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td>val</td><td>3.5</td><td>5.5</td><td>3.5 (step 4)</td>"), std::string::npos) << html;
+  EXPECT_NE(html.find("<td>train</td><td>3</td><td>4.5</td><td>3 (step 4)</td>"), std::string::npos);
+  EXPECT_NE(html.find("<th>events</th><td>eval 1</td>"), std::string::npos);
+}
+
 TEST(ReportTest, RollbackDropsTheAbandonedBranch) {
   std::string s;
   for (int step = 0; step <= 5; ++step) s += fmt::format(R"({{"step":{},"loss":1}})" "\n", step);

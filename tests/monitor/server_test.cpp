@@ -418,6 +418,28 @@ TEST(MonitorTest, EventsAreBoundedAndNonFiniteIsNull) {
   EXPECT_NE(m.Exposition().find("trainflow_loss Nan"), std::string::npos);  // prometheus-cpp's spelling; Prometheus parses it
 }
 
+// trainflow_eval_loss has no sample before the first evaluation (a 0 would read as a loss); the
+// evaluation before the first step is a record of its own, holding only val_loss.
+TEST(MonitorTest, EvalLossAbsentUntilTheFirstEvaluation) {
+  Monitor m(Info());
+  m.RecordStep(Record(1));
+  std::string text = m.Exposition();
+  EXPECT_EQ(text.find("\ntrainflow_eval_loss"), std::string::npos) << text;
+  m.RecordEval(1, 4.25);
+  text = m.Exposition();
+  EXPECT_NE(text.find("\ntrainflow_eval_loss 4.25"), std::string::npos) << text;
+
+  Monitor before(Info());
+  before.RecordEval(0, 5.5);
+  before.RecordStep(Record(1));
+  EXPECT_NE(before.Exposition().find("\ntrainflow_eval_loss 5.5"), std::string::npos);
+  json j = json::parse(before.StepsJson(-1));
+  ASSERT_EQ(j["steps"].size(), 2u) << j;
+  EXPECT_EQ(j["steps"][0], (json{{"step", 0}, {"val_loss", 5.5}, {"time_unix", j["steps"][0]["time_unix"]}}));
+  EXPECT_EQ(j["steps"][1]["step"], 1);
+  EXPECT_FALSE(j["steps"][1].contains("val_loss"));
+}
+
 TEST(MonitorTest, RankZeroSummarisesTheRanks) {
   RunInfo info = Info(3);
   Monitor m(info);
