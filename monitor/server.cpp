@@ -10,12 +10,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <string_view>
@@ -73,11 +76,19 @@ std::string QueryParam(std::string_view query, std::string_view key) {
   return "";
 }
 
-int64_t IntOr0(const std::string& v) {
+// A query's integer parameter: nullopt when absent or empty (and *bad when not a whole integer).
+constexpr int64_t kNoValue = std::numeric_limits<int64_t>::min();
+std::optional<int64_t> IntParam(const std::string& v, bool* bad) {
+  *bad = false;
+  if (v.empty()) return std::nullopt;
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  return (errno != 0 || end == v.c_str()) ? 0 : static_cast<int64_t>(x);
+  if (errno != 0 || end == v.c_str() || *end != '\0' || std::isspace(static_cast<unsigned char>(v[0]))) {
+    *bad = true;
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(x);
 }
 
 bool IsLoopbackHost(const std::string& host) {
@@ -319,10 +330,20 @@ struct MetricsServer::Impl {
       *res = Response{200, "text/plain; version=0.0.4; charset=utf-8", monitor->Exposition(), {}};
     } else if (p == "/api/run") {
       *res = Response{200, "application/json", monitor->RunJson(), {}};
-    } else if (p == "/api/steps") {
-      *res = Response{200, "application/json", monitor->StepsJson(IntOr0(QueryParam(req.query, "after"))), {}};
-    } else if (p == "/api/events") {
-      *res = Response{200, "application/json", monitor->EventsJson(IntOr0(QueryParam(req.query, "after"))), {}};
+    } else if (p == "/api/steps" || p == "/api/events") {
+      // ?after=N: the records of steps (events of ids) after N; absent: all of them.
+      const std::string after = QueryParam(req.query, "after");
+      bool bad = false;
+      const int64_t from = IntParam(after, &bad).value_or(kNoValue);
+      if (bad) {
+        *res = Response{400, "text/plain; charset=utf-8",
+                        fmt::format("bad request: after must be an integer ({}; absent: all of them)\n",
+                                    p == "/api/steps" ? "a step: the records of later steps" : "an event id: later events"),
+                        {}};
+      } else {
+        *res = Response{200, "application/json", p == "/api/steps" ? monitor->StepsJson(from) : monitor->EventsJson(from),
+                        {}};
+      }
     } else if (p == "/api/ranks") {
       *res = Response{200, "application/json", monitor->RanksJson(), {}};
     } else {

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -303,7 +304,7 @@ def wait_for_url(proc, logfile, deadline, timeout):
 
 def check_api(url, run_info, deadline):
     """What the API says of this CPU run: the device and dtype it resolved, the evaluation before
-    training as a record of step 0."""
+    training as a record of step 0, and a clear 400 for an `after` that is not an integer."""
     train = run_info.get("train") or {}
     if (train.get("device"), train.get("dtype")) != ("cpu", "fp32") or train.get("device_configured") != "auto":
         raise Failure("/api/run's train config should show what the CPU run resolved (device cpu, dtype fp32, "
@@ -321,7 +322,14 @@ def check_api(url, run_info, deadline):
     metrics = http_get(url + "/metrics", deadline.cap(10))[2].decode()
     if not re.search(r"^trainflow_eval_loss [0-9.]+$", metrics, re.M):
         raise Failure("/metrics has no trainflow_eval_loss sample after the step-0 evaluation")
-    log("API: step-0 evaluation %.4f, device/dtype resolved" % first["val_loss"])
+    for path in ("/api/steps?after=junk", "/api/events?after=1.5"):
+        try:
+            status, _, body = http_get(url + path, deadline.cap(10))
+        except urllib.error.HTTPError as e:
+            status, body = e.code, e.read()
+        if status != 400 or b"after must be an integer" not in body:
+            raise Failure("GET %s answered %d %r; expected 400 saying after must be an integer" % (path, status, body[:200]))
+    log("API: step-0 evaluation %.4f, device/dtype resolved, bad 'after' refused" % first["val_loss"])
 
 
 # The loss card and the smoothing, read in the page: the card shows the newest raw loss; the smoothed

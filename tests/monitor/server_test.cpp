@@ -190,6 +190,33 @@ TEST(MetricsServerTest, ServesMetricsDashboardAndApiAndNothingElse) {
   EXPECT_EQ(put->status, 405);
 }
 
+TEST(MetricsServerTest, AfterMustBeAnInteger) {
+  Monitor m(Info());
+  m.RecordEval(0, 5.5);
+  for (int64_t i = 1; i <= 3; ++i) m.RecordStep(Record(i));
+  m.AddEvent("eval", 3, "validation loss 4.9");
+  auto s = StartOn(m, {.port = 0});
+  ASSERT_TRUE(s);
+  httplib::Client c("127.0.0.1", s->port());
+  for (const char* path : {"/api/steps?after=junk", "/api/steps?after=2x", "/api/steps?after=%201",
+                           "/api/steps?after=99999999999999999999", "/api/events?after=junk"}) {
+    auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 400) << path;
+    EXPECT_NE(r->body.find("after must be an integer"), std::string::npos) << path << ": " << r->body;
+  }
+  // Absent (or empty): everything, the evaluation before the first step included.
+  for (const char* path : {"/api/steps", "/api/steps?after=", "/api/steps?after=-1"}) {
+    auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    ASSERT_EQ(r->status, 200) << path;
+    EXPECT_EQ(json::parse(r->body)["steps"].size(), 4u) << path;
+  }
+  auto r = c.Get("/api/steps?after=2");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["steps"].size(), 1u);
+}
+
 TEST(MetricsServerTest, TokenRequiredOnEveryPathWhenSet) {
   Monitor m(Info());
   auto s = StartOn(m, {.port = 0, .token = "good-token"});
