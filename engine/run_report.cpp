@@ -1,10 +1,65 @@
 #include "engine/run_report.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "model/json_util.h"
 #include "monitor/report.h"
 
 namespace tf {
+namespace {
+
+// The supervisor's incidents (docs/fault-tolerance.md: one JSON object per line with "kind", and
+// "step", "detail", "action", "restart", "rescue" ... where they apply) as report events. A line
+// that is not such an object is skipped; a file that is not a regular file, or is over
+// kMaxJsonFileBytes, gives one event saying so.
+std::vector<monitor::ReportEvent> JobEvents(const std::string& path, Env* env) {
+  std::vector<monitor::ReportEvent> events;
+  auto info = env->Stat(path);
+  if (!info.ok() || !info->exists) return events;
+  StatusOr<std::string> text = info->is_regular && info->size <= kMaxJsonFileBytes
+                                   ? env->ReadFileToString(path)
+                                   : StatusOr<std::string>(Status::InvalidArgument("not a regular file of at most {} bytes",
+                                                                                   kMaxJsonFileBytes));
+  if (!text.ok()) {
+    events.push_back({std::nullopt, "job", fmt::format("{} not read: {}", path, text.status().message()), ""});
+    return events;
+  }
+  size_t skipped = 0;
+  for (size_t pos = 0; pos < text->size();) {
+    size_t end = text->find('\n', pos);
+    if (end == std::string::npos) end = text->size();
+    const std::string_view line(text->data() + pos, end - pos);
+    pos = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    StatusOr<nlohmann::json> j = ParseJson(line, "incidents.jsonl", /*allow_comments=*/false);
+    if (!j.ok() || !j->is_object() || !j->contains("kind") || !(*j)["kind"].is_string()) {
+      ++skipped;
+      continue;
+    }
+    monitor::ReportEvent e;
+    nlohmann::json rest = nlohmann::json::object();
+    for (const auto& [key, value] : j->items()) {
+      if (key == "kind") e.kind = value.get<std::string>();
+      else if (key == "step" && value.is_number_integer() && value.get<int64_t>() >= 0) e.step = value.get<int64_t>();
+      else if ((key == "detail" || key == "action") && value.is_string() && e.message.empty()) e.message = value.get<std::string>();
+      else rest[key] = value;
+    }
+    if (const auto r = rest.find("restart"); r != rest.end() && r->is_number_integer()) {
+      e.message += fmt::format("{}restart {}", e.message.empty() ? "" : "; ", r->get<int64_t>());
+    }
+    if (e.kind == "recovered" && rest.contains("failure_to_step_s") && rest["failure_to_step_s"].is_number()) {
+      e.message = fmt::format("training again, {:.1f} s after the failure was detected",
+                              rest["failure_to_step_s"].get<double>());
+    }
+    e.details = rest.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    events.push_back(std::move(e));
+  }
+  if (skipped > 0) events.push_back({std::nullopt, "job", fmt::format("{}: {} unreadable lines skipped", path, skipped), ""});
+  return events;
+}
+
+}  // namespace
 
 StatusOr<std::string> WriteRunReport(const std::string& run_dir, const std::string& out_path, Env* env) {
   const std::string jsonl = run_dir + "/metrics.jsonl";
@@ -30,6 +85,8 @@ StatusOr<std::string> WriteRunReport(const std::string& run_dir, const std::stri
     o.subtitle = m.dump();
   }
   if (!run.empty()) o.run_info = std::move(run);
+  // `trainflow launch` keeps its state in OUT_DIR/launch unless --state-dir says otherwise.
+  o.job_events = JobEvents(run_dir + "/launch/incidents.jsonl", env);
   StatusOr<std::string> html = monitor::RenderReportHtml(text, o);
   if (!html.ok()) return html.status().WithContext(jsonl);
   const std::string out = out_path.empty() ? run_dir + "/report.html" : out_path;

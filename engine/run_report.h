@@ -1,5 +1,6 @@
 // The offline report of a run (monitor/report.h) from its output directory: metrics.jsonl, and the
-// model and training configs when present, rendered to one self-contained HTML file. Written at the
+// model and training configs and the supervisor's launch/incidents.jsonl (restarts, failures,
+// rescues) when present, rendered to one self-contained HTML file. Written at the
 // end of every run (rank 0, <out_dir>/report.html) and by `trainflow report RUN_DIR`.
 #pragma once
 #include <string>

@@ -89,6 +89,20 @@ void AddEvaluationEvents(Run* run) {
   }
 }
 
+// Each checkpoint snapshot (a step record's checkpoint_stall_ms) as a checkpoint event.
+void AddCheckpointEvents(Run* run) {
+  const std::vector<double>& stall = run->values[kCheckpointStallMs];
+  for (size_t i = 0; i < stall.size(); ++i) {
+    if (std::isnan(stall[i])) continue;
+    Event e;
+    e.step = run->steps[i];
+    e.kind = "checkpoint";
+    e.message = Plottable(stall[i]) ? fmt::format("snapshot taken: training paused {:.1f} ms", stall[i])
+                                    : "snapshot taken";
+    run->events.push_back(std::move(e));
+  }
+}
+
 StatusOr<Run> ParseRun(std::string_view text) {
   // Records in file order; rollbacks as (number of records before the event, to_step).
   std::vector<int64_t> raw_steps;
@@ -212,6 +226,7 @@ StatusOr<Run> ParseRun(std::string_view text) {
     std::vector<double>().swap(raw);
   }
   AddEvaluationEvents(&run);
+  AddCheckpointEvents(&run);
   return run;
 }
 
@@ -790,7 +805,8 @@ void AppendEvents(const std::vector<Event>& events, std::string* out) {
 }  // namespace
 
 StatusOr<std::string> RenderReportHtml(std::string_view metrics_jsonl, const ReportOptions& options) {
-  TF_ASSIGN_OR_RETURN(const Run run, ParseRun(metrics_jsonl));
+  TF_ASSIGN_OR_RETURN(Run run, ParseRun(metrics_jsonl));
+  for (const ReportEvent& j : options.job_events) run.events.push_back(Event{j.step, j.kind, j.message, j.details, {}});
   std::string out;
   out.reserve(256 << 10);
   out += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>";

@@ -3,7 +3,9 @@
 //
 // Input: one JSON object per line. A line with an "event" key is an event (listed, and marked on the
 // loss chart; an "eval" event's "val_loss" is plotted as a validation point of its step); any other
-// object with a non-negative integer "step" is a step record. A later record
+// object with a non-negative integer "step" is a step record. A step record's checkpoint_stall_ms is
+// listed as a checkpoint event too, and ReportOptions::job_events (the supervisor's restarts,
+// failures, rescues) follow the file's events. A later record
 // of a step replaces an earlier one, and an event {"event":"rollback","to_step":S} discards every
 // step record with step > S that came before it (the abandoned branch); events are always kept.
 // Blank lines and a torn last line (no newline, not JSON) are ignored; other lines that are not such
@@ -15,8 +17,11 @@
 //
 // Thread safety: a pure function; safe to call concurrently.
 #pragma once
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -24,11 +29,19 @@
 
 namespace tf::monitor {
 
+// An event from outside metrics.jsonl (the supervisor's incidents): listed, and marked on the loss
+// chart when it has a step.
+struct ReportEvent {
+  std::optional<int64_t> step;
+  std::string kind, message, details;
+};
+
 struct ReportOptions {
   std::string title = "TrainFlow run";
   std::string subtitle;               // e.g. model and run id
   nlohmann::json run_info = nullptr;  // optional: scalars in one table, each object member in its own
   bool loss_log_scale = false;        // a logarithmic y axis on the loss chart
+  std::vector<ReportEvent> job_events;
 };
 
 StatusOr<std::string> RenderReportHtml(std::string_view metrics_jsonl, const ReportOptions& options);

@@ -107,6 +107,27 @@ TEST_F(MonitorCli, TheEvaluationBeforeTrainingIsRecorded) {
   EXPECT_NE(report.find("(step 0 to 4)"), std::string::npos) << "the curves do not start at the step-0 evaluation";
 }
 
+// report.html lists the supervisor's incidents (launch/incidents.jsonl in the run directory, where
+// `trainflow launch` keeps them): restarts, failures, rescues, recoveries.
+TEST_F(MonitorCli, TheReportListsTheJobsRestarts) {
+  ASSERT_EQ(Train({"--train_data", train_bin_, "--max_steps", "3", "--metrics_addr", "off"}).exit_code, 0);
+  fs::create_directories(Path("out/launch"));
+  std::ofstream(Path("out/launch/incidents.jsonl"))
+      << R"({"kind":"hung","rank":1,"host":"n1","step":2,"detail":"no progress: rank 1 on n1","generation":0,)"
+      << R"("rescue":{"ok":true,"seconds":0.2},"restart":1,"time":"2026-12-07T10:00:00Z"})" << "\n"
+      << R"({"kind":"recovered","generation":1,"step":3,"failure_to_step_s":4.5,"time":"2026-12-07T10:00:05Z"})" << "\n"
+      << std::string(70000, '[') << "\n"
+      << R"({"kind":"failed","rank":0,"detail":"exit code 1","restart":2,"time":"2026-12-07T10:01:00Z"})" << "\n";
+  const RunResult r = Run({"report", Path("out")});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const std::string html = ReadAll(Path("out/report.html"));
+  EXPECT_EQ(html.find("<th>events</th><td>none"), std::string::npos) << "the summary says there were no events";
+  for (const char* needle : {"no progress: rank 1 on n1; restart 1", "training again, 4.5 s after the failure",
+                             "exit code 1; restart 2", "1 unreadable lines skipped", "&quot;rescue&quot;"}) {
+    EXPECT_NE(html.find(needle), std::string::npos) << needle;
+  }
+}
+
 TEST_F(MonitorCli, ReportOfADirectoryWithoutMetricsIsAClearError) {
   fs::create_directories(Path("empty"));
   ExpectCleanFailure(Run({"report", Path("empty")}), {"metrics.jsonl", Path("empty")});

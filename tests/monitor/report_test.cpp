@@ -138,6 +138,26 @@ TEST(ReportTest, EvaluationBeforeTrainingIsTheFirstValPoint) {
   EXPECT_NE(html.find("<th>events</th><td>eval 1</td>"), std::string::npos);
 }
 
+// Checkpoint snapshots (a step record's checkpoint_stall_ms) and the supervisor's events are listed.
+TEST(ReportTest, CheckpointsAndJobEventsAreListed) {
+  std::string s;
+  for (int step = 1; step <= 4; ++step) {
+    json r = {{"step", step}, {"loss", 5 - 0.5 * step}};
+    if (step == 2) r["checkpoint_stall_ms"] = 12.5;
+    s += r.dump() + "\n";
+  }
+  ReportOptions o;
+  o.job_events = {{2, "hung", "no progress: rank 1; restart 1", R"({"rescue":{"ok":true}})"},
+                  {std::nullopt, "supervisor_restart", "adopted the running job", ""}};
+  const std::string html = Render(s, o);
+  EXPECT_TRUE(TagsBalanced(html));
+  EXPECT_NE(html.find("<th>events</th><td>checkpoint 1, hung 1, supervisor_restart 1</td>"), std::string::npos);
+  EXPECT_NE(html.find("snapshot taken: training paused 12.5 ms"), std::string::npos);
+  EXPECT_NE(html.find("no progress: rank 1; restart 1"), std::string::npos);
+  EXPECT_NE(html.find("&quot;rescue&quot;"), std::string::npos);
+  EXPECT_NE(html.find("<h2>Events (3)</h2>"), std::string::npos);
+}
+
 TEST(ReportTest, RollbackDropsTheAbandonedBranch) {
   std::string s;
   for (int step = 0; step <= 5; ++step) s += fmt::format(R"({{"step":{},"loss":1}})" "\n", step);
