@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "base/json.h"
 #include "engine/monitoring.h"
 #include "model/config.h"
 #include "monitor/system_metrics.h"
@@ -252,7 +253,8 @@ class MetricsJsonlObserver final : public StepObserver {
         break;
       }
       const std::string_view line(text.data() + pos, end - pos);
-      const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const StatusOr<nlohmann::json> parsed = ParseJson(line, "metrics line", /*allow_comments=*/false);
+      const nlohmann::json record = parsed.ok() ? *parsed : nlohmann::json();
       const bool keep = record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
                         record["step"].get<int64_t>() <= step;
       if (keep) kept.append(line).push_back('\n');

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "model/json_util.h"
+#include "base/json.h"
 #include "monitor/report.h"
 
 namespace tf {
@@ -77,8 +77,8 @@ StatusOr<std::string> WriteRunReport(const std::string& run_dir, const std::stri
     if (!st.ok() || !st->exists) continue;
     auto body = env->ReadFileToString(path);
     if (!body.ok()) continue;
-    nlohmann::json j = nlohmann::json::parse(*body, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object()) run[name] = std::move(j);
+    StatusOr<nlohmann::json> j = ParseJson(*body, path, /*allow_comments=*/false);
+    if (j.ok() && j->is_object()) run[name] = std::move(*j);
   }
   if (run.contains("model_config")) {
     const nlohmann::json& m = run["model_config"];

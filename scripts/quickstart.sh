@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's first command: installs dependencies from Debian's packages, builds TrainFlow,
 # tokenizes the default corpus (Debian's fortunes) and trains a small byte-level GPT on the CPU,
-# printing progress, validation loss and text samples. A few minutes on 2 cores.
+# printing progress, validation loss and text samples. The training itself takes minutes on 2 cores;
+# installing and building on a fresh machine take most of the time (README.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -164,7 +164,8 @@ TEST_F(ResumeTest, ResumeIntoSameDirKeepsOneRecordPerStep) {
   const RunResult resumed = Run(TrainArgs("same", {"--resume_state", Path("state3.safetensors")}));
   ASSERT_EQ(resumed.exit_code, 0) << resumed;
   const std::string text = ReadAll(Path("same/metrics.jsonl"));
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), kSteps) << text;
+  // One record per step, and the evaluation before the first step (eval_interval > 0).
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), kSteps + 1) << text;
   EXPECT_EQ(StepRecords(text), StepRecords(ReadAll(Path("full/metrics.jsonl"))));
 }
 
