@@ -19,6 +19,14 @@ Status Errno(const std::string& what, const std::string& path, int err) {
   return Status(StatusCode::kIOError, fmt::format("{} '{}': {} (errno {})", what, path, std::strerror(err), err));
 }
 
+Status NotRegular(const std::string& path, mode_t mode) {
+  return Status::InvalidArgument("'{}' is {}, not a regular file", path,
+                                 S_ISDIR(mode)    ? "a directory"
+                                 : S_ISFIFO(mode) ? "a FIFO (named pipe)"
+                                 : S_ISSOCK(mode) ? "a socket"
+                                                  : "a device");
+}
+
 // Opens `path` for reading without blocking on a FIFO, then insists on a regular file.
 StatusOr<int> OpenRegularForRead(const std::string& path, uint64_t* size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -35,11 +43,7 @@ StatusOr<int> OpenRegularForRead(const std::string& path, uint64_t* size) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status::InvalidArgument("'{}' is {}, not a regular file", path,
-                                   S_ISDIR(st.st_mode)    ? "a directory"
-                                   : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
-                                   : S_ISSOCK(st.st_mode) ? "a socket"
-                                                          : "a device");
+    return NotRegular(path, st.st_mode);
   }
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
@@ -245,13 +249,38 @@ class PosixEnv final : public Env {
 
  private:
   StatusOr<std::unique_ptr<WritableFile>> Open(const std::string& path, int mode) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | mode, 0666);
-    if (fd < 0) return Errno(mode == O_APPEND ? "cannot open for appending" : "cannot create", path, errno);
+    TF_ASSIGN_OR_RETURN(const int fd, OpenRegularForWrite(path, mode, 0666));
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
   }
 };
 
 }  // namespace
+
+StatusOr<int> OpenRegularForWrite(const std::string& path, int flags, mode_t mode) {
+  // O_NONBLOCK: a FIFO without a reader fails at once (ENXIO) instead of blocking; with one, fstat
+  // refuses it below.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | flags, mode);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENXIO) return NotRegular(path, S_IFIFO);
+    return Errno((flags & O_APPEND) != 0 ? "cannot open for appending" : "cannot create", path, err);
+  }
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const mode_t m = st.st_mode;
+    ::close(fd);
+    return NotRegular(path, m);
+  }
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
+}
+
+bool LooksLikeUrl(const std::string& path) {
+  const size_t colon = path.find(':');
+  return colon != std::string::npos && colon > 0 && colon < path.find('/') && colon + 1 < path.size() &&
+         path[colon + 1] == '/';
+}
 
 Env* Env::Default() {
   static Env* env = new PosixEnv();
@@ -332,6 +361,10 @@ StatusOr<std::string> Env::ReadFileToString(const std::string& path, uint64_t ma
 }
 
 Status Env::CheckWritableDir(const std::string& dir) {
+  // Outputs are local: "s3://b/o" or "S3:/b" would silently become directories named "s3:".
+  if (LooksLikeUrl(dir)) {
+    return Status::InvalidArgument("'{}' looks like a URL; this output must be a local directory", dir);
+  }
   TF_ASSIGN_OR_RETURN(const FileInfo info, Stat(dir));
   if (info.exists && !info.is_directory) return Status::InvalidArgument("'{}' exists and is not a directory", dir);
   TF_RETURN_IF_ERROR(CreateDirs(dir));

@@ -10,6 +10,8 @@
 // Thread safety: Env methods are thread-safe; a file object is used by one thread at a time.
 // Ownership: file objects close themselves on destruction (unsynced data is then not guaranteed).
 #pragma once
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -101,6 +103,14 @@ class Env {
   // Fails early (before hours of work) when `dir` cannot hold outputs: creates it and a probe file.
   Status CheckWritableDir(const std::string& dir);
 };
+
+// open(2) for writing (O_WRONLY | O_CREAT | O_CLOEXEC | flags) that refuses, without blocking, a
+// path that is not a regular file (a FIFO, a directory, a device): for a descriptor handed on (a
+// child's log); everything else writes through Env. The descriptor is blocking.
+StatusOr<int> OpenRegularForWrite(const std::string& path, int flags, mode_t mode);
+
+// "scheme:/..." (s3://b/p, S3:/b, http:/x): a location, never made a local path.
+bool LooksLikeUrl(const std::string& path);
 
 // The directory part of a path ("." for a bare file name).
 std::string DirName(const std::string& path);

@@ -21,6 +21,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include "base/env.h"
 #include "base/log.h"
 #include "engine/bench.h"
 #include "engine/env_report.h"
@@ -278,14 +279,15 @@ int CmdTrain(const std::string& model_path, const std::string& train_path, const
   };
   if (!s.ok()) return fail(nullptr, s);
   // The default out_dir ("out", not in any file or flag) is recorded absolute like the others.
-  if (std::error_code ec; !train.out_dir.empty()) {
+  if (std::error_code ec; !train.out_dir.empty() && !LooksLikeUrl(train.out_dir)) {
     const fs::path abs = fs::absolute(train.out_dir, ec);
     if (!ec) train.out_dir = abs.lexically_normal().string();
   }
   // out_dir/train.log: what rank 0's console shows, appended run after run (the supervisor of
   // `trainflow launch` keeps the logs of its jobs itself).
   std::unique_ptr<ConsoleCopy> console;
-  if (!*agent && RankFromEnvironment() <= 0 && !train.out_dir.empty() && std::getenv("TRAINFLOW_LOG_FILE") == nullptr &&
+  if (!*agent && RankFromEnvironment() <= 0 && !train.out_dir.empty() && !LooksLikeUrl(train.out_dir) &&
+      std::getenv("TRAINFLOW_LOG_FILE") == nullptr &&
       Env::Default()->CreateDirs(train.out_dir).ok()) {
     console = ConsoleCopy::Start(train.out_dir + "/train.log");
   }

@@ -82,6 +82,10 @@ std::vector<std::string_view> Cut(std::string_view doc, size_t bytes) {
 StatusOr<PrepareResult> PrepareData(const PrepareOptions& o, const Tokenizer& tokenizer, Env* env) {
   if (o.inputs.empty()) return Status::InvalidArgument("prepare: no --input given");
   if (o.out_dir.empty()) return Status::InvalidArgument("prepare: no --out-dir given");
+  if (LooksLikeUrl(o.out_dir)) {
+    return Status::InvalidArgument("prepare: --out-dir '{}' looks like a URL; token files go to a local directory",
+                                   o.out_dir);
+  }
   if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0)) {
     return Status::InvalidArgument("prepare: --val-fraction must be in [0, 1), got {}", o.val_fraction);
   }

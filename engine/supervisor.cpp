@@ -531,8 +531,13 @@ void Supervisor::Save() {
 
 void Supervisor::Incident(json record) {
   record["time"] = IsoTime(WallNow());
-  std::ofstream out(o_.state_dir + "/incidents.jsonl", std::ios::app);
-  out << record.dump() << "\n";
+  const std::string path = o_.state_dir + "/incidents.jsonl";
+  Status s = [&]() -> Status {
+    TF_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, Env::Default()->NewAppendableFile(path));
+    TF_RETURN_IF_ERROR(f->Append(record.dump() + "\n"));
+    return f->Close();
+  }();
+  if (!s.ok()) spdlog::error("cannot record the incident ({}): {}", record.dump(), s.ToString());
 }
 
 // ---- launching ---------------------------------------------------------------------------------
@@ -569,10 +574,7 @@ Status Supervisor::Launch() {
     for (const HostEntry& h : job.hosts) {
       for (int i = 0; i < h.slots; ++i) lines += h.name + "\n";
     }
-    std::ofstream hf(srun_hostfile, std::ios::trunc);
-    hf << lines;
-    hf.close();
-    if (!hf) return Status::IOError("cannot write '{}'", srun_hostfile);
+    TF_RETURN_IF_ERROR(Env::Default()->WriteFileAtomically(srun_hostfile, lines));
     argv = {o_.srun, "--mpi=pmix", fmt::format("--ntasks={}", plan.world), fmt::format("--nodes={}", job.hosts.size()),
             "--distribution=arbitrary", "--kill-on-bad-exit=0", fmt::format("--job-name=trainflow-gen{}", job.generation)};
     argv.insert(argv.end(), o_.srun_args.begin(), o_.srun_args.end());
@@ -617,8 +619,12 @@ Status Supervisor::Launch() {
                                      argv[0], job.hosts.size(), bytes, arg_max);
     }
   }
-  const int log_fd = ::open(job.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, o_.group_readable ? 0640 : 0600);
-  if (log_fd < 0) return Status::IOError("cannot create '{}': {}", job.log_path, std::strerror(errno));
+  StatusOr<int> opened = OpenRegularForWrite(job.log_path, O_TRUNC, o_.group_readable ? 0640 : 0600);
+  if (!opened.ok()) {
+    --generation_;
+    return opened.status();
+  }
+  const int log_fd = *opened;
   {
     std::string cmdline;
     for (const std::string& a : argv) cmdline += (cmdline.empty() ? "" : " ") + a;

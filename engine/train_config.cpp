@@ -1,5 +1,6 @@
 #include "engine/train_config.h"
 
+#include "base/env.h"
 #include "base/json.h"
 
 #include <filesystem>
@@ -377,7 +378,10 @@ void ResolveConfigPaths(const std::string& base_dir, json* train) {
     auto it = Fields().find(key);
     if (it == Fields().end() || !it->second.path || !value.is_string()) continue;
     const std::string v = value.get<std::string>();
-    if (v.empty() || v.find("://") != std::string::npos || (key == "resume" && (v == "auto" || v == "none"))) continue;
+    if (v.empty() || (key == "resume" && (v == "auto" || v == "none"))) continue;
+    // A URL or anything shaped like one ("s3://", "S3://", "s3:/", "s3a://") is left as given: the
+    // store refuses what it cannot open, instead of it becoming a local directory.
+    if (LooksLikeUrl(v)) continue;
     if (fs::path(v).is_absolute()) continue;
     value = (base / v).lexically_normal().string();
   }

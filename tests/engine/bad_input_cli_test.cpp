@@ -186,6 +186,27 @@ TEST_F(BadInput, FifosAreRefusedWithoutBlocking) {
   EXPECT_FALSE(fs::exists(Path("prepared/train.bin")));
 }
 
+TEST_F(BadInput, OutputsThatAreFifosAreRefusedWithoutBlocking) {
+  // A FIFO where the run appends metrics.jsonl blocked before step 1 and ignored SIGTERM.
+  fs::create_directories(Path("fifo_out"));
+  ASSERT_EQ(::mkfifo(Path("fifo_out/metrics.jsonl").c_str(), 0600), 0) << std::strerror(errno);
+  ExpectCleanFailure(Train({"--train_data", train_bin_, "--out_dir", Path("fifo_out")}),
+                     {"metrics.jsonl", "FIFO"});
+}
+
+TEST_F(BadInput, UrlShapedOutputsAreRefusedNotMadeLocalDirectories) {
+  for (const std::string url : {"s3:/bucket/p", "S3://bucket/p", "http:/x"}) {
+    ExpectCleanFailure(Train({"--train_data", train_bin_, "--checkpoint_dir", url}), {url});
+  }
+  for (const std::string url : {"s3://bucket/o", "S3://bucket/o"}) {
+    ExpectCleanFailure(Train({"--train_data", train_bin_, "--out_dir", url}), {url, "looks like a URL"});
+  }
+  ExpectCleanFailure(Run({"prepare", "--input", train_bin_, "--out-dir", "s3://bucket/d"}), {"looks like a URL"});
+  EXPECT_FALSE(fs::exists(Path("s3:")));
+  EXPECT_FALSE(fs::exists(Path("S3:")));
+  EXPECT_FALSE(fs::exists(Path("http:")));
+}
+
 TEST_F(BadInput, EmptyInitFromIsRefusedNotRandomWeights) {
   ExpectCleanFailure(Train({"--train_data", train_bin_, "--init-from", ""}), {"--init-from is empty"});
   // The other spelling is the same flag.

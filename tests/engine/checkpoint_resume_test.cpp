@@ -292,7 +292,7 @@ TEST_F(CheckpointResumeTest, BadCheckpointInputIsAClearError) {
   std::ofstream(manifest, std::ios::trunc) << edited;
   ExpectCleanFailure(Run(Args("other", 4, {"--resume", step4})), {manifest, "checksum"});
   std::ofstream(manifest, std::ios::trunc) << text.substr(0, text.size() / 2);
-  ExpectCleanFailure(Run(Args("other", 4, {"--resume", step4})), {manifest, "not a JSON object"});
+  ExpectCleanFailure(Run(Args("other", 4, {"--resume", step4})), {manifest, "not valid JSON"});
   // Unknown keys of the checkpoint flags are refused like any other.
   ExpectCleanFailure(Run(Args("other", 4, {"--checkpoint_when_busy", "later"})), {"checkpoint_when_busy"});
   ExpectCleanFailure(Run(Args("other", 4, {"--checkpoint_writer_priority", "high"})),
