@@ -67,6 +67,9 @@ Status ParseHangTimeouts(const std::string& list, LaunchOptions* o) {
     if (value.empty() || end == value.c_str() || *end != '\0' || !(s > 0 && s <= 1e6)) {
       return Status::InvalidArgument("--hang-timeout '{}': expected [PHASE=]SECONDS with 0 < SECONDS <= 1e6", spec);
     }
+    if (eq != std::string::npos && name.empty()) {
+      return Status::InvalidArgument("--hang-timeout '{}': a phase name before '='", spec);
+    }
     if (name.empty()) {
       // Every phase of the step loop.
       for (Phase p : {Phase::kData, Phase::kCompute, Phase::kCommunication, Phase::kOptimizer}) o->hang_timeouts[p] = s;
@@ -189,16 +192,19 @@ int RunLaunch(const LaunchCommands& c) {
   bool all_local = true;
   for (const auto& h : o.hosts) all_local = all_local && (h.name == "localhost" || h.name.starts_with("127."));
   if (!c.heartbeat_addr.empty()) {
-    const size_t colon = c.heartbeat_addr.rfind(':');
-    const bool has_port = colon != std::string::npos && c.heartbeat_addr.find(']') < colon;
-    const bool v4_port = colon != std::string::npos && c.heartbeat_addr.find(':') == colon;
-    if (has_port || v4_port) {
-      o.heartbeat_host = c.heartbeat_addr.substr(0, colon);
-      if (o.heartbeat_host.starts_with("[")) o.heartbeat_host = o.heartbeat_host.substr(1, o.heartbeat_host.size() - 2);
-      o.heartbeat_port = std::atoi(c.heartbeat_addr.c_str() + colon + 1);
-    } else {
-      o.heartbeat_host = c.heartbeat_addr;
+    // HOST, HOST:PORT or [IPv6]:PORT; no port: any free one.
+    const bool bare = c.heartbeat_addr.find(':') == std::string::npos ||
+                      (c.heartbeat_addr.find(':') != c.heartbeat_addr.rfind(':') && !c.heartbeat_addr.starts_with("["));
+    monitor::ServerOptions addr;
+    if (Status s = monitor::ParseHostPort(bare ? "[" + c.heartbeat_addr + "]:0" : c.heartbeat_addr, &addr); !s.ok()) {
+      return Fail(Status::InvalidArgument("--heartbeat-addr: {}", s.message()));
     }
+    if (bare && c.heartbeat_addr.find(':') == std::string::npos) {
+      addr.host = c.heartbeat_addr;
+      addr.port = 0;
+    }
+    o.heartbeat_host = addr.host;
+    o.heartbeat_port = addr.port;
   } else if (!all_local) {
     return Fail(Status::InvalidArgument("the hosts are not all this machine: --heartbeat-addr must give an address of "
                                         "this machine that every host can reach"));
@@ -336,7 +342,7 @@ std::shared_ptr<LaunchCommands> AddLaunchCommands(CLI::App& app) {
   auto* h = app.add_subcommand("health", "Host health check: free disk, GPUs visible without ECC errors (exit 0: healthy)");
   c->health = h;
   h->add_option("--dir", c->dirs, "A directory the run writes (repeatable; default .)");
-  h->add_option("--min-free-gb", c->min_free_gb, "Least free space")->capture_default_str();
+  h->add_option("--min-free-gb", c->min_free_gb, "Least free space")->check(FiniteRange(0, 1e9))->capture_default_str();
   h->add_flag("--quiet", c->quiet, "No output when healthy");
   h->add_option("--reach", c->reach, "Only check that a TCP connection to HOST:PORT opens (exit 0; 3 when it does not)");
   h->add_option("--timeout", c->reach_timeout, "Seconds to wait for --reach")->check(CLI::Range(0.1, 60.0))->capture_default_str();

@@ -328,6 +328,7 @@ int RunSubmit(const SlurmCommands& c) {
                                     {"--account", c.account},
                                     {"--qos", c.qos},
                                     {"--constraint", c.constraint},
+                                    {"--exclude", c.exclude},
                                     {"--mem", c.mem}}) {
     if (value.empty()) continue;
     if (Status s = slurm::CheckSbatchValue(flag, value); !s.ok()) return Fail(s);
@@ -344,6 +345,12 @@ int RunSubmit(const SlurmCommands& c) {
     if (auto g = CheckGroup(c.group); !g.ok()) return Fail(g.status());
   }
   const std::string dir = fs::absolute(c.dir.empty() ? "trainflow-jobs/" + name : c.dir).lexically_normal().string();
+  if (Status s = slurm::CheckSbatchPath("--dir", dir); !s.ok()) return Fail(s);
+  std::error_code cwd_ec;
+  if (Status s = slurm::CheckSbatchPath("the working directory (sbatch --chdir)", fs::current_path(cwd_ec).string());
+      !s.ok()) {
+    return Fail(s);
+  }
   if (std::error_code ec; fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
     return Fail(Status::InvalidArgument("--dir '{}' exists and is not a directory", dir));
   }

@@ -395,11 +395,24 @@ Status CheckSbatchValue(const std::string& flag, const std::string& value) {
     return Status::OK();
   }
   // Names (partition, account, QOS: comma lists) and feature expressions (constraint: & | , * [ ] ( ) :).
-  const std::string extra = flag == "--constraint" ? ",&|*[]():!" : flag == "--account" ? "" : ",";
+  const std::string extra = flag == "--constraint" ? ",&|*[]():!" : flag == "--exclude" ? ",[]" : flag == "--account" ? "" : ",";
   for (char c : value) {
     if (!(IsAlnum(c) || c == '_' || c == '.' || c == '-' || extra.find(c) != std::string::npos)) {
       return refuse(fmt::format("'{}' is not allowed (allowed: A-Z a-z 0-9 _ . -{}{})", QuoteForMessage(std::string(1, c)),
                                 extra.empty() ? "" : " ", extra));
+    }
+  }
+  return Status::OK();
+}
+
+Status CheckSbatchPath(const std::string& what, const std::string& path) {
+  for (char c : path) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f || c == ' ' || c == '%' || c == '"' || c == '\'' || c == '\\' || c == '$' || c == '`') {
+      return Status::InvalidArgument("{} '{}' has {}: it goes into #SBATCH lines, which cannot carry it; use a "
+                                     "directory without spaces, quotes, '%', '$' or control characters",
+                                     what, QuoteForMessage(path, 120),
+                                     c == ' ' ? std::string("a space") : "'" + QuoteForMessage(std::string(1, c)) + "'");
     }
   }
   return Status::OK();

@@ -57,6 +57,9 @@ std::string ShellQuote(const std::string& s);
 // --mem): what Slurm accepts there, never a newline, a space or a leading '-'. InvalidArgument names
 // the flag and the offending character.
 Status CheckSbatchValue(const std::string& flag, const std::string& value);
+// A path written into #SBATCH lines and comments (the job directory, the working directory): no
+// control character, space, quote, '%', '\\', '$' or '`'. InvalidArgument names `what`.
+Status CheckSbatchPath(const std::string& what, const std::string& path);
 // An --sbatch-arg: exactly one long option ("--name" or "--name=value"), no spaces or control characters.
 Status CheckSbatchOption(const std::string& option);
 

@@ -61,6 +61,9 @@ TEST_F(LaunchCli, AbsurdNumbersAndAMissingLauncherAreRefusedBeforeAnything) {
       {{"--heartbeat-interval", "1", "--late-timeout", "1.5"}, "--late-timeout 1.5 s is shorter than two"},
       {{"--mpirun", "/nonexistent/mpirun"}, "--mpirun '/nonexistent/mpirun' is not an executable file"},
       {{"--mpirun", "no-such-launcher-anywhere"}, "not found on PATH"},
+      {{"--heartbeat-addr", "junk:x"}, "--heartbeat-addr"},
+      {{"--heartbeat-addr", "127.0.0.1:99999"}, "--heartbeat-addr"},
+      {{"--hang-timeout", "=5"}, "a phase name before '='"},
   };
   for (const Case& c : cases) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -99,6 +102,19 @@ TEST_F(LaunchCli, AHostfileOrStateThatIsNoRegularFileIsRefusedWithoutBlocking) {
     deep << "1";
     for (int i = 0; i < 100000; ++i) deep << "}";
     deep << "}";
+  }
+  // The supervisor's own files in its state dir: incidents.jsonl and a launch's log.
+  for (const std::string name : {"incidents.jsonl", "gen-0001.log"}) {
+    const std::string state = Path("sf-" + name);
+    fs::create_directories(state);
+    ASSERT_EQ(::mkfifo((state + "/" + name).c_str(), 0600), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    RunResult r = Run({"launch", "--np", "1", "--state-dir", state, "--metrics-addr", "off", "--max-restarts", "0",
+                       "--mpirun", "/bin/false", "--", "train", "--model", kByteTiny, "--train_data", train_bin_,
+                       "--max_steps", "1", "--metrics_addr", "off", "--out_dir", Path("o-" + name)});
+    EXPECT_NE(r.exit_code, 0) << r;
+    EXPECT_NE((r.out + r.err).find("FIFO"), std::string::npos) << r;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << name;
   }
   for (const auto& [dir, needle] : std::vector<std::pair<std::string, std::string>>{
            {"st1", "not a regular file"}, {"st2", "not a regular file"}, {"st3", "nested more than 64 levels"}}) {
@@ -154,6 +170,9 @@ TEST_F(LaunchCli, SlurmValuesThatWouldInjectIntoTheScriptAreRefused) {
       {{"--sbatch-arg=--mail-type=END --uid=0"}, "--sbatch-arg"},
       {{"--sbatch-arg=--mail-type=END\n#SBATCH --uid=0"}, "--sbatch-arg"},
       {{"--dir", Path("train.bin")}, "exists and is not a directory"},
+      {{"--dir", Path("q\ntouch /tmp/x #")}, "--dir"},
+      {{"--dir", Path("a b")}, "a space"},
+      {{"--exclude", "a;b$(id)"}, "--exclude"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> flags = c.flags;
