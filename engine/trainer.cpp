@@ -595,8 +595,8 @@ Status Trainer::ResumeOrStart() {
     auto line = ResumeFromCheckpoint(*this, &resumed_checkpoint_step_);
     if (!line.ok()) {
       if (line.status().code() != StatusCode::kInvalidArgument || c.resume != "auto") return line.status();
-      return line.status().WithContext(fmt::format("checkpoint_dir {} holds another run's checkpoints ({}, or another "
-                                                   "checkpoint_dir)",
+      return line.status().WithContext(fmt::format("cannot resume from checkpoint_dir {} (if its checkpoints are another "
+                                                   "run's, {}, or choose another checkpoint_dir)",
                                                    c.checkpoint_dir, fresh_hint));
     }
     resumed_from_ = *line;
@@ -647,8 +647,8 @@ Status Trainer::ResumeOrStart() {
   }
   if (Status s = Resume(state_path); !s.ok()) {
     if (s.code() != StatusCode::kInvalidArgument) return s;
-    return Status::InvalidArgument("out_dir {} holds the training state of another run (step {}): {}; pass --fresh to "
-                                   "start over there, or choose another out_dir",
+    return Status::InvalidArgument("cannot resume the training state in out_dir {} (step {}): {}; if it is another "
+                                   "run's, pass --fresh to start over there, or choose another out_dir",
                                    c.out_dir, meta->step, s.message());
   }
   resumed_from_ = fmt::format("resuming the stopped run in out_dir from {} (step {}); --fresh starts over instead",

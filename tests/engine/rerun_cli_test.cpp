@@ -65,7 +65,7 @@ TEST_F(RerunTest, AnotherRunsStateIsRefused) {
   ASSERT_EQ(Train({"--stop_at_step", "2"}).exit_code, 5);
   const RunResult other = Train({"--lr", "0.001"});
   EXPECT_EQ(other.exit_code, 2) << other;
-  EXPECT_TRUE(Has(other.err, "holds the training state of another run") && Has(other.err, "'lr'") &&
+  EXPECT_TRUE(Has(other.err, "cannot resume the training state in out_dir") && Has(other.err, "'lr'") &&
               Has(other.err, "--fresh"))
       << other;
 }
