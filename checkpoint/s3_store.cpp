@@ -593,6 +593,7 @@ class S3Store final : public ObjectStore {
   StatusOr<std::vector<std::string>> List(const std::string& prefix) override {
     const std::string full = prefix_ + prefix;
     std::vector<std::string> keys;
+    int64_t key_bytes = 0;
     std::set<std::string> tokens_seen;
     std::string token;
     for (int page = 0;; ++page) {
@@ -621,6 +622,12 @@ class S3Store final : public ObjectStore {
                                     location_, prefix, options_.max_list_keys, endpoint_);
         }
         keys.push_back(name.substr(prefix_.size()));
+        key_bytes += static_cast<int64_t>(keys.back().size());
+        if (key_bytes > options_.max_list_bytes) {
+          return Status::OutOfRange("{}: LIST of '{}' holds more than {} bytes of key names (S3Options::max_list_bytes; "
+                                    "endpoint {})",
+                                    location_, prefix, options_.max_list_bytes, endpoint_);
+        }
       }
       const std::vector<std::string> truncated = s3_internal::XmlElementTexts(xml, "IsTruncated");
       if (truncated.empty() || truncated[0] != "true") break;
@@ -1075,6 +1082,7 @@ Status ValidateOptions(const S3Options& o) {
     return Status::InvalidArgument("S3 max_attempts {} is outside [1, 100]", o.max_attempts);
   }
   if (o.max_list_keys < 1) return Status::InvalidArgument("S3 max_list_keys {} is not positive", o.max_list_keys);
+  if (o.max_list_bytes < 1) return Status::InvalidArgument("S3 max_list_bytes {} is not positive", o.max_list_bytes);
   if (!(o.base_backoff_s >= 0) || !(o.max_backoff_s >= o.base_backoff_s) || o.max_backoff_s > 3600) {
     return Status::InvalidArgument("S3 backoff {} s .. {} s is not 0 <= base <= max <= 3600", o.base_backoff_s,
                                    o.max_backoff_s);

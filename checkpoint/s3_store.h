@@ -35,6 +35,7 @@ struct S3Options {            // every field has a sensible default; FromEnviron
   double base_backoff_s = 0.2, max_backoff_s = 10.0;
   double connect_timeout_s = 10, request_timeout_s = 120;  // plus a low-speed limit so a stalled transfer fails
   int64_t max_list_keys = 10'000'000;  // a List of more keys fails (OutOfRange) instead of growing without bound
+  int64_t max_list_bytes = int64_t{512} << 20;  // ... or of more bytes of key names (bounds the memory it holds)
 };
 
 // Reads AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_DEFAULT_REGION,

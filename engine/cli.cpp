@@ -635,7 +635,8 @@ int RunCli(int argc, char** argv) {
   bench->add_option("--train", bench_train, "Training config (batch shape, device, model options)");
   bench->add_option("--steps", bopt.steps, "Timed steps")->check(WholeNumber(1, 1 << 20))->capture_default_str();
   bench->add_option("--warmup", bopt.warmup, "Untimed warm-up steps")->check(WholeNumber(0, 1 << 20))->capture_default_str();
-  bench->add_option("--peak-tflops", bopt.peak_tflops, "CUDA peak for MFU (default: the GPU's dense datasheet figure, docs/monitoring.md; unknown GPUs: H100's bf16 989, fp32 67)");
+  bench->add_option("--peak-tflops", bopt.peak_tflops, "CUDA peak for MFU (default: the GPU's dense datasheet figure, docs/monitoring.md; unknown GPUs: H100's bf16 989, fp32 67)")
+      ->check(FiniteRange(0, 1e6));
   bench->add_flag("--gemm-peak", bopt.gemm_peak, "Also measure the SGEMM ceiling (2048^3, the build's GEMM engine)");
   bench->add_flag("--no-fuse-residual", no_fuse_residual, "CUDA: as --fuse-residual false");
   bench->add_flag("--nondeterministic-attention", nondeterministic, "CUDA, attention cudnn: as --deterministic false");

@@ -2,6 +2,7 @@
 // docs/exit-codes.md).
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -18,7 +19,15 @@ int main(int argc, char** argv) {
   if (const char* level = std::getenv("TRAINFLOW_LOG_LEVEL")) log.level = level;
   if (const char* file = std::getenv("TRAINFLOW_LOG_FILE")) log.file = file;
   if (tf::Status s = tf::InitLogging(log); !s.ok()) spdlog::warn("{}", s.message());
-  tf::InstallStopSignalHandlers(/*escalate=*/!tf::SupervisedProcess());
+  // SIGINT/SIGTERM stop `train` after the step in progress (it polls the request); every other
+  // command ends at once, as a signal's default action does (nothing else polls it).
+  const char* command = nullptr;
+  for (int i = 1; i < argc && command == nullptr; ++i) {
+    if (argv[i][0] != '-') command = argv[i];
+  }
+  if (command != nullptr && std::strcmp(command, "train") == 0) {
+    tf::InstallStopSignalHandlers(/*escalate=*/!tf::SupervisedProcess());
+  }
   // Library code reports errors as Status; this is the last line of defence against an exception
   // escaping from a dependency (e.g. allocation failure in a standard container).
   int rc = tf::kExitInternal;

@@ -439,9 +439,13 @@ StatusOr<std::string> FindGpt2TokenizerDir(const std::string& dir) {
   auto named = [&](const std::string& d, const char* how) -> StatusOr<std::string> {
     for (const char* file : {"encoder.json", "vocab.bpe"}) {
       std::error_code ec;
-      if (!fs::is_regular_file(fs::path(d) / file, ec)) {
-        return Status::NotFound("GPT-2 tokenizer file {} not found ({} is '{}'); {}", (fs::path(d) / file).string(),
-                                how, d, kFetch);
+      const fs::path p = fs::path(d) / file;
+      if (!fs::is_regular_file(p, ec)) {
+        if (fs::exists(p, ec)) {
+          return Status::InvalidArgument("GPT-2 tokenizer file {} is not a regular file ({} is '{}')", p.string(), how,
+                                         d);
+        }
+        return Status::NotFound("GPT-2 tokenizer file {} not found ({} is '{}'); {}", p.string(), how, d, kFetch);
       }
     }
     return d;

@@ -385,6 +385,17 @@ TEST_F(S3StoreTest, ListAnswersAreBoundedNotHeldWhole) {
   EXPECT_EQ(listed.status().code(), StatusCode::kOutOfRange);
   EXPECT_NE(listed.status().message().find("holds more than 10 keys"), std::string::npos) << listed.status().ToString();
   EXPECT_LE(proxy().Kind("list"), 3);
+  // More bytes of key names in all than max_list_bytes (the keys are 4 bytes each: 3 fit in 12).
+  S3Options few_bytes = Options();
+  few_bytes.max_list_bytes = 12;
+  auto small = Open(few_bytes);
+  ASSERT_NE(small, nullptr);
+  proxy().Arm("mode=pass&max_keys=2");
+  listed = small->List("k-");
+  ASSERT_FALSE(listed.ok());
+  EXPECT_EQ(listed.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(listed.status().message().find("more than 12 bytes of key names"), std::string::npos)
+      << listed.status().ToString();
 }
 
 TEST_F(S3StoreTest, MissingBucketWrongCredentialsAndDeadEndpointFailClearly) {

@@ -12,6 +12,7 @@
 
 #include "model/safetensors.h"
 #include "tests/engine/cli_fixture.h"
+#include "tests/test_net.h"
 
 namespace tf {
 namespace {
@@ -184,6 +185,13 @@ TEST_F(BadInput, FifosAreRefusedWithoutBlocking) {
                      {"metrics_token_file", fifo, "FIFO"});
   ExpectCleanFailure(Run({"prepare", "--input", fifo, "--out-dir", Path("prepared")}), {fifo, "FIFO"});
   EXPECT_FALSE(fs::exists(Path("prepared/train.bin")));
+  // GPT-2 tokenizer files that are a FIFO or a directory are named as such, not as missing.
+  fs::create_directories(Path("tk/vocab.bpe"));
+  ASSERT_EQ(::mkfifo(Path("tk/encoder.json").c_str(), 0600), 0) << std::strerror(errno);
+  Write("text.txt", "some text to tokenize\n");
+  ExpectCleanFailure(Run({"prepare", "--input", Path("text.txt"), "--out-dir", Path("p2"), "--tokenizer", "gpt2",
+                          "--tokenizer-dir", Path("tk")}),
+                     {"encoder.json", "not a regular file"});
 }
 
 TEST_F(BadInput, OutputsThatAreFifosAreRefusedWithoutBlocking) {
@@ -192,6 +200,24 @@ TEST_F(BadInput, OutputsThatAreFifosAreRefusedWithoutBlocking) {
   ASSERT_EQ(::mkfifo(Path("fifo_out/metrics.jsonl").c_str(), 0600), 0) << std::strerror(errno);
   ExpectCleanFailure(Train({"--train_data", train_bin_, "--out_dir", Path("fifo_out")}),
                      {"metrics.jsonl", "FIFO"});
+}
+
+TEST_F(BadInput, SigtermEndsACommandOtherThanTrainAtOnce) {
+  // An S3 endpoint that accepts connections and never answers: `checkpoint list` waits on it, and
+  // SIGTERM must end it (it used to set a stop flag only training polls).
+  testing_util::Listener silent;
+  ::setenv("AWS_ENDPOINT_URL", fmt::format("http://127.0.0.1:{}", silent.port).c_str(), 1);
+  ::setenv("AWS_ACCESS_KEY_ID", "k", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "s", 1);
+  ::setenv("AWS_REGION", "us-east-1", 1);
+  const pid_t pid = cli_testing::Spawn(Path(""), {"checkpoint", "list", "s3://bucket/p"});
+  for (const char* v : {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}) ::unsetenv(v);
+  ASSERT_GT(pid, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  const int rc = cli_testing::WaitExit(pid, std::chrono::seconds(20));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "exit " << rc;
 }
 
 TEST_F(BadInput, UrlShapedOutputsAreRefusedNotMadeLocalDirectories) {

@@ -3,12 +3,10 @@
 // remote shell reads as options, command lines over the kernel's limit, values that would become
 // lines or options of their own in an sbatch script) with exit 2 and a message, before anything
 // runs, and leave nothing behind.
-#include <sys/socket.h>
 #include <sys/stat.h>
 
-#include <netinet/in.h>
-
 #include "tests/engine/cli_fixture.h"
+#include "tests/test_net.h"
 
 namespace tf {
 namespace {
@@ -135,18 +133,11 @@ TEST_F(LaunchCli, ACommandLineOverTheKernelsLimitIsABadInputNotARetry) {
 }
 
 TEST_F(LaunchCli, HealthReachTellsAnOpenPortFromAClosedOne) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(::listen(fd, 4), 0);
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const std::string addr = fmt::format("127.0.0.1:{}", ntohs(a.sin_port));
+  testing_util::Listener open;
+  const std::string addr = fmt::format("127.0.0.1:{}", open.port);
   RunResult r = Run({"health", "--reach", addr, "--timeout", "2"});
   EXPECT_EQ(r.exit_code, 0) << r;
-  ::close(fd);
+  open.close();
   r = Run({"health", "--reach", addr, "--timeout", "2"});
   EXPECT_EQ(r.exit_code, 3) << r;
   EXPECT_NE(r.err.find("cannot connect to " + addr), std::string::npos) << r;

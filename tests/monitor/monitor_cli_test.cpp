@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "tests/engine/cli_fixture.h"
+#include "tests/test_net.h"
 
 namespace tf {
 namespace {
@@ -68,17 +69,9 @@ TEST_F(MonitorCli, BadAddressesAndTokenFilesAreNamed) {
 
 TEST_F(MonitorCli, ATakenPortIsMovedPastAndLogged) {
   // Occupy a port, then ask for it.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
+  testing_util::Listener busy;
+  const int port = busy.port;
   const RunResult r = Train({"--train_data", train_bin_, "--metrics_addr", "127.0.0.1:" + std::to_string(port)});
-  ::close(fd);
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_NE(r.out.find("port " + std::to_string(port) + " in use"), std::string::npos) << r;
   EXPECT_EQ(r.out.find("at http://127.0.0.1:" + std::to_string(port) + "/"), std::string::npos) << r;

@@ -22,6 +22,7 @@
 #include "monitor/assets.h"
 #include "monitor/metrics.h"
 #include "monitor/server.h"
+#include "tests/test_net.h"
 
 namespace tf::monitor {
 namespace {
@@ -58,22 +59,7 @@ std::unique_ptr<MetricsServer> StartOn(const Monitor& m, ServerOptions o) {
   return s.ok() ? std::move(s).value() : nullptr;
 }
 
-// A listening TCP socket on 127.0.0.1 at any free port (to occupy it).
-struct Listener {
-  int fd = -1, port = 0;
-  Listener() {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(::listen(fd, 4), 0);
-    socklen_t len = sizeof(a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
-  }
-  ~Listener() { ::close(fd); }
-};
+using testing_util::Listener;
 
 // A TCP connection to 127.0.0.1:port (the fd), or -1. send_timeout_ms > 0: connect() gives up
 // after that long (a full backlog makes it retry).
