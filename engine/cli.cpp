@@ -503,17 +503,21 @@ Status ResolveTrainCommand(const std::vector<std::string>& args, GPT2Config* mod
   }, model, train, init_from);
 }
 
+std::string DashedFlag(std::string arg) {
+  if (!arg.starts_with("--")) return arg;
+  const size_t end = std::min(arg.find('='), arg.size());
+  std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+  return arg;
+}
+
 // Every flag of every command is accepted as --word-word and --word_word: the names of the
 // arguments before a bare "--" (what follows it is another command's, passed on as given) are
 // rewritten with dashes, which is how the commands declare them.
 std::vector<std::string> NormalizeFlags(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   for (size_t i = 1; i < args.size(); ++i) {
-    std::string& a = args[i];
-    if (a == "--") break;
-    if (!a.starts_with("--")) continue;
-    const size_t end = std::min(a.find('='), a.size());
-    std::replace(a.begin() + 2, a.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+    if (args[i] == "--") break;
+    args[i] = DashedFlag(args[i]);
   }
   return args;
 }

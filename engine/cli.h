@@ -16,6 +16,10 @@ struct TrainConfig;
 // Errors are logged to stderr as "trainflow: error: <message>".
 int RunCli(int argc, char** argv);
 
+// "--out_dir=a_b" as every command declares it, "--out-dir=a_b" (the name's underscores become
+// dashes; the value and anything not starting with "--" stay as given).
+std::string DashedFlag(std::string arg);
+
 // The configs of a `train ...` command line (args[0] == "train"), as `trainflow train` would resolve
 // them (for `trainflow launch`, which checks them before launching anything).
 Status ResolveTrainCommand(const std::vector<std::string>& args, GPT2Config* model, TrainConfig* train);

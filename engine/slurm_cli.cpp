@@ -277,15 +277,10 @@ std::string BuildScript(const SlurmCommands& c, const std::string& name, const s
 
 // `flag` in the train command, in either spelling (--out_dir, --out-dir), up to a bare "--".
 bool HasFlag(const std::vector<std::string>& args, const std::string& flag) {
-  auto dashed = [](std::string s) {
-    std::replace(s.begin() + std::min<size_t>(2, s.size()), s.end(), '_', '-');
-    return s;
-  };
-  const std::string want = dashed(flag);
+  const std::string want = DashedFlag(flag);
   for (const std::string& a : args) {
     if (a == "--") break;
-    const std::string name = dashed(a.substr(0, a.find('=')));
-    if (name == want) return true;
+    if (DashedFlag(a.substr(0, a.find('='))) == want) return true;
   }
   return false;
 }
