@@ -1,4 +1,4 @@
-// What this process is doing, for the supervisor's heartbeats (engine/rank_agent.h): the phase of
+// What this process is doing, for the supervisor's heartbeats (launch/rank_agent.h): the phase of
 // the training loop, the steps completed, a progress counter that moves whenever work inside a
 // phase advances (a micro-batch, a gradient bucket, a checkpoint chunk), and the newest committed
 // checkpoint. A phase whose counter stops moving for longer than its timeout is a hang.
@@ -23,7 +23,7 @@ enum class Phase : int {
   kEval,          // evaluation
   kSample,        // sampling text
   kFinishing,     // writing the outputs
-  kRescue,        // saving the state after a failure (engine/rank_agent.h)
+  kRescue,        // saving the state after a failure (launch/rank_agent.h)
 };
 inline constexpr int kNumPhases = 10;
 const char* PhaseName(Phase p);

@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/codec.h"
-#include "model/json_util.h"
 #include "model/tokenizer.h"
 #include "monitor/server.h"
 

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "base/json.h"  // ReadJsonFile
 #include "base/status.h"
-#include "model/json_util.h"  // ReadJsonFile
 #include "model/config.h"
 
 namespace tf {

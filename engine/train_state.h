@@ -1,6 +1,6 @@
 // TrainState: every byte an exact resume needs, as host copies (Trainer::GetState / SetState).
 // The data order, the learning-rate schedule and the sampling seeds are pure functions of the step
-// and the seeds (engine/data_loader.h, engine/lr_schedule.h), so the step, the global rows read and
+// and the seeds (engine/data/data_loader.h, engine/lr_schedule.h), so the step, the global rows read and
 // the seeds stand for their "RNG state"; the fingerprints make a resume refuse a different model,
 // data or trajectory-changing configuration instead of silently diverging.
 //

@@ -26,7 +26,7 @@
 #include "comm/process_group.h"
 #include "engine/anomaly_guard.h"
 #include "engine/checkpointing.h"
-#include "engine/data_loader.h"
+#include "engine/data/data_loader.h"
 #include "engine/train_backend.h"
 #include "engine/train_config.h"
 #include "engine/train_state.h"

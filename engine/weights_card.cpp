@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "model/json_util.h"
+#include "base/json.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
 

@@ -1,6 +1,6 @@
 #include "model/config.h"
 
-#include "model/json_util.h"
+#include "base/json.h"
 
 #include <fstream>
 #include <set>

@@ -2,7 +2,7 @@
 #include "model/safetensors.h"
 
 #include "base/float16.h"
-#include "model/json_util.h"
+#include "base/json.h"
 
 
 #include <algorithm>
@@ -17,8 +17,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/float16.h"
-#include "model/json_util.h"
 
 namespace tf {
 namespace {

@@ -1,8 +1,8 @@
 #include "model/tokenizer.h"
 
 #include "base/env.h"
+#include "base/json.h"
 #include "base/utf8.h"
-#include "model/json_util.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

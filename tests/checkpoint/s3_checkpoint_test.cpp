@@ -30,7 +30,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 #include "model/safetensors.h"
 #include "tests/checkpoint/s3_test_servers.h"
 #include "tests/engine/cli_fixture.h"

@@ -24,7 +24,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 #include "model/safetensors.h"
 #include "tests/test_dir.h"
 

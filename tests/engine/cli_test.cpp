@@ -1,4 +1,4 @@
-// End-to-end tests of the `trainflow` binary (engine/cli.cpp): every user mistake exits with code
+// End-to-end tests of the `trainflow` binary (engine/cli/cli.cpp): every user mistake exits with code
 // 2 or 4 (never 1, a crash or a signal) and a message on stderr naming the offending key or file; a
 // tiny prepare -> train -> eval -> sample -> export -> bench session succeeds, writes its files,
 // and is deterministic. Each run is a few milliseconds to a second on the byte-tiny model.
@@ -17,11 +17,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/token_file.h"
-#include "tests/engine/cli_fixture.h"
+#include "engine/data/token_file.h"
 #include "model/config.h"
 #include "model/gpt2_weights.h"
 #include "model/safetensors.h"
+#include "tests/engine/cli_fixture.h"
 
 namespace tf {
 namespace {

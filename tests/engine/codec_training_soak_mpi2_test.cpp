@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/process_group.h"
-#include "engine/prepare.h"
+#include "engine/data/prepare.h"
 #include "engine/trainer.h"
 #include "model/tokenizer.h"
 

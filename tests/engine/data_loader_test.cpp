@@ -1,8 +1,8 @@
-// Tests for engine/data_loader.h: the data-order contract exactly as the header states it
+// Tests for engine/data/data_loader.h: the data-order contract exactly as the header states it
 // (micro-batch i reads positions (i*B*T + j) mod N, j = 0..B*T; inputs (B,T) row-major, targets
 // shifted by one; rank r of W reads global micro-batch i*W + r), shuffle determinism, and the
 // validation errors of Open / FromTokens.
-#include "engine/data_loader.h"
+#include "engine/data/data_loader.h"
 
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace tf {
 namespace {

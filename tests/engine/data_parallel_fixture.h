@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/process_group.h"
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 #include "engine/trainer.h"
 
 namespace tf::test {

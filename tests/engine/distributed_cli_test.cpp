@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 
 extern char** environ;
 

@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/prepare.h"
+#include "engine/data/prepare.h"
 #include "engine/trainer.h"
 #include "model/tokenizer.h"
 

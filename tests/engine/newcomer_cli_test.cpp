@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 #include "engine/weights_card.h"
 #include "tests/engine/cli_fixture.h"
 

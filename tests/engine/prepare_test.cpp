@@ -1,9 +1,9 @@
-// PrepareData (engine/prepare.h) replaces the train/val pair as a unit: every injected failure
+// PrepareData (engine/data/prepare.h) replaces the train/val pair as a unit: every injected failure
 // (a write, a full disk, each rename) leaves the previous pair byte for byte and no staged files;
 // a split without validation documents removes an earlier val.bin. A single file, a few large
 // files, blank-line documents and nested directories all split into train and validation by the
 // requested fraction, every line of the input landing in exactly one split.
-#include "engine/prepare.h"
+#include "engine/data/prepare.h"
 
 #include <unistd.h>
 
@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "base/fault_env.h"
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 #include "tests/test_dir.h"
 
 namespace tf {

@@ -10,8 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/data/token_file.h"
 #include "engine/sampler.h"
-#include "engine/token_file.h"
 #include "engine/trainer.h"
 #include "model/gpt2.h"
 

@@ -1,7 +1,7 @@
-// Tests for engine/token_file.h: both layouts round trip, the header is laid out as llm.c
+// Tests for engine/data/token_file.h: both layouts round trip, the header is laid out as llm.c
 // writes it, every malformed file gives the right code and a message naming the file, and the
 // headered/bare detection is unambiguous for GPT-2's vocabulary.
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 
 #include <unistd.h>
 

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "base/fault_env.h"
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 #include "engine/trainer.h"
 
 namespace tf {

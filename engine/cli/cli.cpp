@@ -1,4 +1,4 @@
-#include "engine/cli.h"
+#include "engine/cli/cli.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,24 +23,25 @@
 #include <spdlog/spdlog.h>
 
 #include "base/env.h"
+#include "base/json.h"
 #include "base/log.h"
-#include "engine/bench.h"
-#include "engine/env_report.h"
-#include "engine/data_loader.h"
-#include "engine/prepare.h"
+#include "engine/cli/bench.h"
+#include "engine/cli/checkpoint_cli.h"
+#include "engine/cli/env_report.h"
+#include "engine/cli/launch_cli.h"
+#include "engine/cli/rescue_target.h"
+#include "engine/cli/slurm_cli.h"
+#include "engine/data/data_loader.h"
+#include "engine/data/prepare.h"
 #include "engine/run_report.h"
-#include "engine/checkpoint_cli.h"
-#include "engine/launch_cli.h"
-#include "engine/slurm_cli.h"
 #include "engine/sampler.h"
 #include "engine/train_config.h"
-#include "engine/rank_agent.h"
 #include "engine/trainer.h"
 #include "engine/weights_card.h"
 #include "kernels/matmul.h"
+#include "launch/rank_agent.h"
 #include "model/gpt2.h"
 #include "model/gpt2_weights.h"
-#include "model/json_util.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
 
@@ -266,15 +268,17 @@ int CmdTrain(const std::string& model_path, const std::string& train_path, const
     if (!init_from.empty()) (*t)["init_from"] = init_from;
   }, &model, &train, init_from);
   // Under `trainflow launch`: heartbeats from start-up on, and the rescue after a failure.
-  auto agent = RankAgent::FromEnvironment();
+  auto agent = launch::RankAgent::FromEnvironment();
   if (!agent.ok()) return Fail(agent.status());
   auto fail = [&](Trainer* t, const Status& st) {
     const int code = Fail(st);
     if (!*agent) return code;
-    const int rc = (*agent)->Linger(t, st, code);
+    std::optional<TrainerRescue> target;
+    if (t != nullptr) target.emplace(*t);
+    const int rc = (*agent)->Linger(target ? &*target : nullptr, st, code);
     (*agent)->Finish(rc);
     // No destructors: the trainer's communicator and threads wait for peers that are gone.
-    QuickExit(rc);
+    launch::QuickExit(rc);
     return rc;
   };
   if (!s.ok()) return fail(nullptr, s);

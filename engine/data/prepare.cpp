@@ -1,4 +1,4 @@
-#include "engine/prepare.h"
+#include "engine/data/prepare.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <functional>
 #include <numeric>
 
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace tf {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/launch_cli.h"
+#include "engine/cli/launch_cli.h"
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -13,11 +13,11 @@
 #include <spdlog/spdlog.h>
 
 #include "base/env.h"
-#include "engine/cli.h"
-#include "engine/supervisor.h"
+#include "engine/cli/cli.h"
 #include "engine/train_config.h"
+#include "launch/heartbeat.h"
+#include "launch/supervisor.h"
 #include "model/config.h"
-#include "monitor/heartbeat.h"
 #include "monitor/server.h"
 #include "monitor/system_metrics.h"
 

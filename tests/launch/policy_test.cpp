@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/launch_policy.h"
+#include "launch/policy.h"
 
 namespace tf::launch {
 namespace {

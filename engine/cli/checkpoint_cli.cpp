@@ -1,4 +1,4 @@
-#include "engine/checkpoint_cli.h"
+#include "engine/cli/checkpoint_cli.h"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
-// The supervisor's heartbeat channel (monitor/heartbeat.h) over real loopback sockets: framing and
+// The supervisor's heartbeat channel (launch/heartbeat.h) over real loopback sockets: framing and
 // authentication, commands both ways, reconnection, and what a stranger or a replay gets.
-#include "monitor/heartbeat.h"
+#include "launch/heartbeat.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "monitor/heartbeat.h"
+#include "launch/heartbeat.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "engine/slurm_util.h"
+#include "launch/slurm_util.h"
 
 namespace tf::slurm {
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace tf {
 

@@ -1,10 +1,10 @@
-#include "engine/data_loader.h"
+#include "engine/data/data_loader.h"
 
 #include <fmt/format.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace tf {
 namespace {

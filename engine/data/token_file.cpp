@@ -1,5 +1,5 @@
 // Token file reader/writer. Format: docs/formats.md ("Token files").
-#include "engine/token_file.h"
+#include "engine/data/token_file.h"
 
 #include <algorithm>
 #include <bit>

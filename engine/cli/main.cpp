@@ -10,8 +10,8 @@
 #include "base/status.h"
 #include "base/stop_signal.h"
 #include "comm/process_group.h"
-#include "engine/cli.h"
-#include "engine/rank_agent.h"
+#include "engine/cli/cli.h"
+#include "launch/rank_agent.h"
 
 int main(int argc, char** argv) {
   tf::LogOptions log;
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
     if (argv[i][0] != '-') command = argv[i];
   }
   if (command != nullptr && std::strcmp(command, "train") == 0) {
-    tf::InstallStopSignalHandlers(/*escalate=*/!tf::SupervisedProcess());
+    tf::InstallStopSignalHandlers(/*escalate=*/!tf::launch::SupervisedProcess());
   }
   // Library code reports errors as Status; this is the last line of defence against an exception
   // escaping from a dependency (e.g. allocation failure in a standard container).
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   if (rc != tf::kExitOk && rc != tf::kExitStopped) {
     // Under `trainflow launch` the supervisor tears the job down (after the survivors' rescue,
     // which MPI_Abort would cut short); MPI_Finalize would wait for peers that are gone.
-    if (tf::SupervisedProcess()) tf::QuickExit(rc);
+    if (tf::launch::SupervisedProcess()) tf::launch::QuickExit(rc);
     tf::comm::AbortProcessGroupOnError(rc);
   }
   return rc;

@@ -1,4 +1,4 @@
-// The supervisor's channel to the ranks of a job (engine/supervisor.h, engine/rank_agent.h):
+// The supervisor's channel to the ranks of a job (launch/supervisor.h, launch/rank_agent.h):
 // heartbeats up, commands down, over TCP with every message authenticated by the job's secret.
 // Wire format (docs/fault-tolerance.md "Heartbeat protocol"): the server greets each connection
 // with "trainflow-heartbeat 1 <server nonce>\n"; the client answers "HELLO <client nonce>\n"; every

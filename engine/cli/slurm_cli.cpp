@@ -1,4 +1,4 @@
-#include "engine/slurm_cli.h"
+#include "engine/cli/slurm_cli.h"
 
 #include <grp.h>
 #include <netdb.h>
@@ -23,13 +23,13 @@
 #include "base/env.h"
 #include "base/json.h"
 #include "base/subprocess.h"
-#include "engine/cli.h"
-#include "engine/launch_cli.h"
-#include "engine/slurm_util.h"
-#include "engine/supervisor.h"
+#include "engine/cli/cli.h"
+#include "engine/cli/launch_cli.h"
 #include "engine/train_config.h"
+#include "launch/heartbeat.h"
+#include "launch/slurm_util.h"
+#include "launch/supervisor.h"
 #include "model/config.h"
-#include "monitor/heartbeat.h"
 
 namespace tf {
 

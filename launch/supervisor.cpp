@@ -1,4 +1,4 @@
-#include "engine/supervisor.h"
+#include "launch/supervisor.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -30,8 +30,8 @@
 #include "base/env.h"
 #include "base/json.h"
 #include "base/subprocess.h"
-#include "engine/slurm_util.h"
-#include "monitor/heartbeat.h"
+#include "launch/heartbeat.h"
+#include "launch/slurm_util.h"
 #include "monitor/metrics.h"
 #include "monitor/prometheus_util.h"
 #include "monitor/server.h"

@@ -1,4 +1,4 @@
-#include "engine/bench.h"
+#include "engine/cli/bench.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "engine/slurm_util.h"
+#include "launch/slurm_util.h"
 
 #include <algorithm>
 #include <climits>
@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "model/json_util.h"  // QuoteForMessage
+#include "base/json.h"  // QuoteForMessage
 
 namespace tf::slurm {
 namespace {

@@ -1,4 +1,4 @@
-// `trainflow launch [options] -- train ...` (the supervisor, engine/supervisor.h), `trainflow
+// `trainflow launch [options] -- train ...` (the supervisor, launch/supervisor.h), `trainflow
 // launch --status`, and `trainflow health` (the built-in host health check the supervisor runs
 // before it readmits a quarantined host). Registered on the CLI app by AddLaunchCommands;
 // RunLaunchCommand runs the one parsed and returns the exit code. docs/fault-tolerance.md.

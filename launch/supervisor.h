@@ -1,6 +1,6 @@
 // The supervisor of `trainflow launch` (docs/fault-tolerance.md): runs a data-parallel training job
 // over the healthy hosts of a hostfile through mpirun, watches every rank through authenticated
-// heartbeats (monitor/heartbeat.h, engine/rank_agent.h), and after a failure — a rank dead, hung,
+// heartbeats (launch/heartbeat.h, launch/rank_agent.h), and after a failure — a rank dead, hung,
 // stopped or cut off, or the launcher failing — names it in the log and the incident log, has a
 // survivor save the state of the last completed step, tears the job down host by host, and starts
 // it again from the newest valid checkpoint on the hosts that remain healthy (elastic between
@@ -19,7 +19,7 @@
 
 #include "base/progress.h"
 #include "base/status.h"
-#include "engine/launch_policy.h"
+#include "launch/policy.h"
 
 namespace tf::launch {
 

@@ -1,4 +1,4 @@
-#include "engine/rank_agent.h"
+#include "launch/rank_agent.h"
 
 #include <unistd.h>
 
@@ -11,10 +11,8 @@
 #include "base/log.h"
 #include "base/progress.h"
 #include "base/stop_signal.h"
-#include "engine/checkpointing.h"
-#include "engine/trainer.h"
 
-namespace tf {
+namespace tf::launch {
 namespace {
 
 using json = nlohmann::json;
@@ -104,10 +102,9 @@ void RankAgent::OnCommand(const json& c) {
   cv_.notify_all();
 }
 
-int RankAgent::Linger(Trainer* trainer, const Status& failure, int code) {
+int RankAgent::Linger(RescueTarget* target, const Status& failure, int code) {
   SetPhase(Phase::kRescue);
-  TrainCheckpointing* ckpt = trainer != nullptr ? trainer->checkpointing() : nullptr;
-  const bool rescuable = ckpt != nullptr && Retryable(code);
+  const bool rescuable = target != nullptr && target->rescuable() && Retryable(code);
   {
     std::lock_guard<std::mutex> lock(mu_);
     lingering_ = true;
@@ -115,7 +112,7 @@ int RankAgent::Linger(Trainer* trainer, const Status& failure, int code) {
   client_->Send({{"type", "failed"},
                  {"exit_code", code},
                  {"error", failure.ToString()},
-                 {"step", trainer != nullptr ? trainer->step() : int64_t{-1}},
+                 {"step", target != nullptr ? target->step() : int64_t{-1}},
                  {"rescuable", rescuable}},
                 /*keep=*/true);
   if (!Retryable(code)) return code;  // nothing to save: the supervisor stops the job
@@ -135,9 +132,9 @@ int RankAgent::Linger(Trainer* trainer, const Status& failure, int code) {
     if (type == "exit") return c.value("code", code);
     if (type == "rescue" && rescuable) {
       if (c.value("mode", "") == "hash") {
-        StatusOr<std::string> h = StateHash(*trainer);
+        StatusOr<std::string> h = target->Hash();
         client_->Send({{"type", "hash"},
-                       {"step", trainer->step()},
+                       {"step", target->step()},
                        {"ok", h.ok()},
                        {"hash", h.ok() ? *h : ""},
                        {"error", h.ok() ? "" : h.status().ToString()}},
@@ -145,7 +142,7 @@ int RankAgent::Linger(Trainer* trainer, const Status& failure, int code) {
         continue;
       }
       const auto t0 = std::chrono::steady_clock::now();
-      StatusOr<TrainCheckpointing::Rescue> r = ckpt->RescueWrite();
+      StatusOr<RescueTarget::Written> r = target->Write();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r.ok()) {
         spdlog::info("rescue: wrote the state of step {} in {:.2f} s{}", r->step, s,
@@ -155,7 +152,7 @@ int RankAgent::Linger(Trainer* trainer, const Status& failure, int code) {
       }
       client_->Send({{"type", "rescued"},
                      {"ok", r.ok()},
-                     {"step", r.ok() ? r->step : trainer->step()},
+                     {"step", r.ok() ? r->step : target->step()},
                      {"hash", r.ok() ? r->hash : ""},
                      {"already", r.ok() && r->already},
                      {"seconds", s},
@@ -164,13 +161,13 @@ int RankAgent::Linger(Trainer* trainer, const Status& failure, int code) {
       continue;
     }
     if (type == "commit" && rescuable) {
-      Status s = ckpt->RescueCommit();
+      Status s = target->Commit();
       if (s.ok()) {
-        spdlog::info("rescue: the checkpoint of step {} is committed", trainer->step());
+        spdlog::info("rescue: the checkpoint of step {} is committed", target->step());
       } else {
         spdlog::warn("rescue: commit failed: {}", s.ToString());
       }
-      client_->Send({{"type", "committed"}, {"ok", s.ok()}, {"step", trainer->step()}, {"error", s.ToString()}},
+      client_->Send({{"type", "committed"}, {"ok", s.ok()}, {"step", target->step()}, {"error", s.ToString()}},
                     true);
       continue;
     }
@@ -184,4 +181,4 @@ void RankAgent::Finish(int code) {
   client_.reset();  // sends what is queued (within a moment) and stops the thread
 }
 
-}  // namespace tf
+}  // namespace tf::launch

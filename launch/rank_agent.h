@@ -1,6 +1,8 @@
-// RankAgent: a rank's side of `trainflow launch` (engine/supervisor.h; docs/fault-tolerance.md).
+// RankAgent: a rank's side of `trainflow launch` (launch/supervisor.h; docs/fault-tolerance.md).
+// It knows nothing of training: the state it rescues is behind RescueTarget, which the train
+// command implements over the trainer (engine/cli/cli.cpp).
 // Exists only when the supervisor started the process (TRAINFLOW_SUPERVISOR and
-// TRAINFLOW_SUPERVISOR_SECRET set): a heartbeat thread (monitor/heartbeat.h) reports the rank's
+// TRAINFLOW_SUPERVISOR_SECRET set): a heartbeat thread (launch/heartbeat.h) reports the rank's
 // phase, step and progress (base/progress.h) every interval, from start-up on, whatever the
 // training thread is blocked in. Commands from the supervisor: "abort" (every wait for peers gives
 // up: the training thread unwinds with Unavailable), "stop" (as SIGTERM: finish the step, write a
@@ -22,11 +24,30 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
-#include "monitor/heartbeat.h"
+#include "launch/heartbeat.h"
 
-namespace tf {
+namespace tf::launch {
 
-class Trainer;
+// What a failed rank still holds, as the rescue exchange sees it.
+class RescueTarget {
+ public:
+  struct Written {
+    int64_t step = 0;
+    std::string hash;      // of the state written
+    bool already = false;  // a checkpoint of that step was already committed
+  };
+  virtual ~RescueTarget() = default;
+  // The step whose state is held.
+  virtual int64_t step() const = 0;
+  // Whether the state can be written (a checkpoint destination exists).
+  virtual bool rescuable() const = 0;
+  // A hash of the held state, for the cross-check.
+  virtual StatusOr<std::string> Hash() = 0;
+  // Writes the state as an uncommitted checkpoint.
+  virtual StatusOr<Written> Write() = 0;
+  // Commits what Write wrote.
+  virtual Status Commit() = 0;
+};
 
 // Whether `trainflow launch` started this process (TRAINFLOW_SUPERVISOR is set).
 bool SupervisedProcess();
@@ -42,9 +63,9 @@ class RankAgent {
   RankAgent(const RankAgent&) = delete;
   RankAgent& operator=(const RankAgent&) = delete;
 
-  // The run failed with `failure` (exit code `code`); `trainer` may be null (it failed to start).
-  // Reports it and serves rescue commands. Returns the exit code to use.
-  int Linger(Trainer* trainer, const Status& failure, int code);
+  // The run failed with `failure` (exit code `code`); `target` may be null (training failed to
+  // start). Reports it and serves rescue commands. Returns the exit code to use.
+  int Linger(RescueTarget* target, const Status& failure, int code);
   // The process ends with `code` (after a success, a stop or a failure): tells the supervisor.
   void Finish(int code);
 
@@ -62,4 +83,4 @@ class RankAgent {
   bool lingering_ = false;               // guarded by mu_
 };
 
-}  // namespace tf
+}  // namespace tf::launch

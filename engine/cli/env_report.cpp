@@ -1,4 +1,4 @@
-#include "engine/env_report.h"
+#include "engine/cli/env_report.h"
 
 #include <mpi.h>
 #include <omp.h>

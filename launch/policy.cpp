@@ -1,4 +1,4 @@
-#include "engine/launch_policy.h"
+#include "launch/policy.h"
 
 #include <algorithm>
 #include <cassert>
@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "model/json_util.h"  // QuoteForMessage
+#include "base/json.h"  // QuoteForMessage
 
 namespace tf::launch {
 namespace {

@@ -1,6 +1,6 @@
 // `trainflow slurm submit [options] -- train ...` writes a readable sbatch script for a training job
 // and submits it; `trainflow slurm run` is what that script runs inside the allocation: the
-// supervisor (engine/supervisor.h) launching the ranks with `srun --mpi=pmix` on the allocation's
+// supervisor (launch/supervisor.h) launching the ranks with `srun --mpi=pmix` on the allocation's
 // nodes, which checkpoints and requeues the job before its time limit (SIGUSR1), checkpoints on
 // preemption, isolates failing nodes and resubmits the job without them when too few remain, and
 // reports what the job used. Registered on the CLI app by AddSlurmCommands; RunSlurmCommand runs
