@@ -3,7 +3,7 @@
 
   python3 scripts/bench_slurm.py [--trainflow build/trainflow] [--reps 3]
 
-Runs tests/slurm/slurm_test.py --report (root, slurm-wlm and munge needed) --reps times, one after
+Runs tests/integration/slurm/slurm_test.py --report (root, slurm-wlm and munge needed) --reps times, one after
 the other, on a quiet machine, and prints a Markdown section for bench/RESULTS.md with the median of
 each figure over the repetitions:
   preempt_stop_s                 the urgent job's submission to the preempted run's end (its ranks
@@ -42,7 +42,7 @@ def main():
     for i in range(args.reps):
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             path = f.name
-        p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "slurm", "slurm_test.py"), "--trainflow",
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "integration", "slurm", "slurm_test.py"), "--trainflow",
                             args.trainflow, "--source", ROOT, "--report", path], capture_output=True, text=True)
         if p.returncode != 0:
             sys.stdout.write(p.stdout[-4000:] + p.stderr[-2000:])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs s3rver (a local S3-compatible server on Node.js, npm package s3rver@3.7.1) for the S3
-# checkpoint-store tests (tests/checkpoint/s3_store_test.cpp; docs/s3.md).
+# checkpoint-store tests (tests/integration/checkpoint/s3_store_test.cpp; docs/s3.md).
 #
 # Usage: scripts/install_s3rver.sh [dest_dir]
 #   dest_dir defaults to third_party/s3rver under the repository root (git-ignored); the server is

@@ -3,7 +3,7 @@
 # (`--mca plm_rsh_agent scripts/netns_rsh.sh`): called as `netns_rsh.sh HOST COMMAND...` like ssh,
 # it runs COMMAND in the namespace that owns the IPv4 address HOST. Used by the benchmarks and
 # tests that build namespaces joined by veth pairs (scripts/bench_slow_link.sh,
-# tests/fault/netns_cluster.py); needs root.
+# tests/integration/fault/netns_cluster.py); needs root.
 #
 # Every namespace shares this machine's hostname, so Open MPI would give all their daemons one
 # session directory (/tmp/ompi.HOSTNAME.UID/jf.N): concurrent orted start-ups then race on it
@@ -12,7 +12,7 @@
 # directory base of its own, $NETNS_RSH_TMPDIR/NAMESPACE (default /tmp/netns-rsh/NAMESPACE), unless
 # OMPI_MCA_orte_tmpdir_base is set already (e.g. by mpirun --mca orte_tmpdir_base).
 #
-# Fast path: tests/fault/netns_cluster.py writes /run/tf-netns-hosts/HOST (the namespace's name)
+# Fast path: tests/integration/fault/netns_cluster.py writes /run/tf-netns-hosts/HOST (the namespace's name)
 # for each of its hosts and removes it on teardown; a hint naming an existing namespace is used
 # without asking `ip` (~7 ms on top of `ip netns exec`). Otherwise every namespace on the machine
 # is asked for its addresses (one `ip` run each: ~15-25 ms per namespace here).

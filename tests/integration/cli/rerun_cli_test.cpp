@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/train_state.h"
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/cli_fixture.h"
 
 namespace tf {
 namespace {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The live dashboard in a real browser, against a real training run.
 
-  python3 tests/monitor/dashboard_browser_test.py --trainflow build/trainflow --source . --artifacts build/test-artifacts
+  python3 tests/integration/monitor/dashboard_browser_test.py --trainflow build/trainflow --source . --artifacts build/test-artifacts
 
 Prepares the fortunes data with the binary, starts a long training run with --metrics_addr
 127.0.0.1:0, reads rank 0's address from the run's log ("monitor: rank 0 at http://HOST:PORT/"),

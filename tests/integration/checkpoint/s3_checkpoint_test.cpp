@@ -1,7 +1,7 @@
 // Training checkpoints on S3 end to end (docs/s3.md, "Checkpoints on S3"): the real `trainflow`
-// binary against s3rver on loopback (tests/checkpoint/s3_test_servers.h), behind
+// binary against s3rver on loopback (tests/integration/checkpoint/s3_test_servers.h), behind
 // s3_fault_proxy.py where faults are injected, with boto3 (s3_interop.py) as the independent
-// reader and writer. One rank unless said otherwise (tests/engine/checkpoint_resume_test.cpp kills
+// reader and writer. One rank unless said otherwise (tests/integration/checkpoint/checkpoint_resume_test.cpp kills
 // several ranks and changes world sizes on local disk, through the same object-store interface).
 //  - kill -9 while a checkpoint is being written to S3, then --resume auto: bit-identical weights
 //    and identical metrics.jsonl records to an uninterrupted run, for full and incremental ones;
@@ -32,8 +32,8 @@
 
 #include "engine/data/token_file.h"
 #include "model/safetensors.h"
-#include "tests/checkpoint/s3_test_servers.h"
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/checkpoint/s3_test_servers.h"
+#include "tests/integration/cli_fixture.h"
 #include "tests/test_dir.h"
 
 namespace tf {
@@ -166,9 +166,9 @@ class S3CheckpointTest : public ::testing::Test {
     Start(job, name, args, env);
     return Finish(job, name, env);
   }
-  // tests/checkpoint/s3_interop.py `args` (boto3 on s3rver directly); its stdout and stderr in *out.
+  // tests/integration/checkpoint/s3_interop.py `args` (boto3 on s3rver directly); its stdout and stderr in *out.
   int Interop(const std::string& name, std::vector<std::string> args, std::string* out) {
-    args.insert(args.begin(), {FindOnPath("python3"), Source("tests/checkpoint/s3_interop.py")});
+    args.insert(args.begin(), {FindOnPath("python3"), Source("tests/integration/checkpoint/s3_interop.py")});
     const std::vector<std::string> env = Env(s3rver().endpoint());
     const int code = RunCommand(args, env, Path(name + ".log"), out);
     ExpectNoCredentials(name, *out, env);

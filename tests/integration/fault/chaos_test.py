@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chaos tests of `trainflow launch` (CTest; stdlib only). docs/fault-tolerance.md.
 
-  python3 tests/fault/chaos_test.py --trainflow build/trainflow --source . [--only NAME ...] [--keep]
+  python3 tests/integration/fault/chaos_test.py --trainflow build/trainflow --source . [--only NAME ...] [--keep]
 
 Each case runs the supervisor over a small CPU job (byte-tiny on the fortunes corpus, 2 ranks) and
 breaks it on purpose; the uninterrupted run of the same job is the reference:
@@ -24,7 +24,7 @@ breaks it on purpose; the uninterrupted run of the same job is the reference:
               no restart.
   supervisor  the supervisor killed with SIGKILL mid-run and started again with the same arguments:
               it adopts the running job (one mpirun at any time) and the weights are bit-identical.
-Multi-host cases (network namespaces as hosts) are in tests/fault/netns_chaos_test.py.
+Multi-host cases (network namespaces as hosts) are in tests/integration/fault/netns_chaos_test.py.
 
 Every process a case starts is stopped by PID (the supervisor, then the job's mpirun session and
 ranks from the supervisor's state file) whatever happens. Exit status: 0 passed, 1 failed, 77 skipped.

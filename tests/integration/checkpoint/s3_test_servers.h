@@ -1,6 +1,6 @@
 // Servers and child processes for the S3 tests (s3_store_test.cpp, s3_checkpoint_test.cpp), on
 // loopback only: s3rver (a local S3-compatible server installed by scripts/install_s3rver.sh, run
-// with Node), tests/checkpoint/s3_fault_proxy.py in front of it, and Child, a process killed by PID
+// with Node), tests/integration/checkpoint/s3_fault_proxy.py in front of it, and Child, a process killed by PID
 // (or by process group) in its destructor and by the kernel when the test process dies first
 // (PR_SET_PDEATHSIG). Without s3rver the server tests fail, naming the install script;
 // TRAINFLOW_SKIP_S3_TESTS=1 skips them. ScopedAwsEnv isolates a test from the caller's AWS_*
@@ -293,7 +293,7 @@ inline size_t AppendToString(char* data, size_t size, size_t n, void* out) {
   return size * n;
 }
 
-// tests/checkpoint/s3_fault_proxy.py on 127.0.0.1:port in front of 127.0.0.1:upstream.
+// tests/integration/checkpoint/s3_fault_proxy.py on 127.0.0.1:port in front of 127.0.0.1:upstream.
 class FaultProxy {
  public:
   FaultProxy() = default;
@@ -304,7 +304,7 @@ class FaultProxy {
     port_ = port;
     const std::string python = FindOnPath("python3");
     if (python.empty()) return ::testing::AssertionFailure() << "python3 is not on PATH";
-    return StartServer(child_, {python, Source("tests/checkpoint/s3_fault_proxy.py"), "--port", std::to_string(port),
+    return StartServer(child_, {python, Source("tests/integration/checkpoint/s3_fault_proxy.py"), "--port", std::to_string(port),
                                 "--upstream-port", std::to_string(upstream)},
                        log, port, 30);
   }

@@ -10,7 +10,7 @@
 #include <regex>
 #include <sstream>
 
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/cli_fixture.h"
 #include "tests/test_net.h"
 
 namespace tf {

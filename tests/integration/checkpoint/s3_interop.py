@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The boto3/botocore side of the S3 tests: a standard client, a SigV4 check, a checkpoint reader.
 
-For tests/checkpoint/s3_store_test.cpp and s3_checkpoint_test.cpp: a standard S3 client that reads
+For tests/integration/checkpoint/s3_store_test.cpp and s3_checkpoint_test.cpp: a standard S3 client that reads
 and writes the objects of our store, an independent SigV4 check of our signed requests, and an
 independent reader of TrainFlow checkpoints (docs/checkpoints.md).
 

@@ -30,9 +30,9 @@ deletes namespaces, veths and bridge, hints and session directories. It finds th
 also cleans up after a crash mid-setup or in another process (CLI: `down --tag T`), and is safe to
 call twice. It does not touch processes in the root namespace (mpirun): stop those by PID.
 
-CLI:  python3 tests/fault/netns_cluster.py up --hosts 3 --tag 7    (prints JSON, leaves it up)
-      python3 tests/fault/netns_cluster.py down --tag 7
-      python3 tests/fault/netns_cluster.py check --hosts 3 --tag 7 (up, connectivity test, down)
+CLI:  python3 tests/integration/fault/netns_cluster.py up --hosts 3 --tag 7    (prints JSON, leaves it up)
+      python3 tests/integration/fault/netns_cluster.py down --tag 7
+      python3 tests/integration/fault/netns_cluster.py check --hosts 3 --tag 7 (up, connectivity test, down)
 """
 import argparse
 import json
@@ -48,7 +48,7 @@ import zlib
 
 IP_TIMEOUT_S = 10  # any single `ip` invocation
 HINT_DIR = "/run/tf-netns-hosts"  # address -> namespace hints read by scripts/netns_rsh.sh
-RSH_AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+RSH_AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "scripts",
                          "netns_rsh.sh")
 
 

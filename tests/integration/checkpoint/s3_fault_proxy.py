@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fault-injecting HTTP proxy in front of an S3 server, for the S3 tests.
 
-Started by tests/checkpoint/s3_test_servers.h for s3_store_test.cpp and s3_checkpoint_test.cpp.
+Started by tests/integration/checkpoint/s3_test_servers.h for s3_store_test.cpp and s3_checkpoint_test.cpp.
 
 Usage: s3_fault_proxy.py --port P --upstream-port U [--verbose]
 Listens on 127.0.0.1:P and forwards every request to 127.0.0.1:U (loopback only), unless a fault

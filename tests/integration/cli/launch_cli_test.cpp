@@ -5,7 +5,7 @@
 // runs, and leave nothing behind.
 #include <sys/stat.h>
 
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/cli_fixture.h"
 #include "tests/test_net.h"
 
 namespace tf {

@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/safetensors.h"
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/cli_fixture.h"
 
 namespace tf {
 namespace {

@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/engine/data_parallel_fixture.h"
+#include "tests/integration/mpi/data_parallel_fixture.h"
 #if defined(TF_WITH_CUDA)
 #include "comm/nccl_communicator.h"
 #include "engine/train_backend.h"

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/weights_card.h"
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/cli_fixture.h"
 
 namespace tf {
 namespace {

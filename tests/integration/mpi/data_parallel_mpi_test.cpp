@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/engine/data_parallel_fixture.h"
+#include "tests/integration/mpi/data_parallel_fixture.h"
 
 namespace tf {
 namespace {

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/safetensors.h"
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/cli_fixture.h"
 #include "tests/test_net.h"
 
 namespace tf {

@@ -1,7 +1,7 @@
 // checkpoint/s3_store.h against real servers: s3rver (a local S3-compatible server, installed by
-// scripts/install_s3rver.sh) on loopback, reached through tests/checkpoint/s3_fault_proxy.py, which
+// scripts/install_s3rver.sh) on loopback, reached through tests/integration/checkpoint/s3_fault_proxy.py, which
 // injects faults (errors, slow, stalled and dropped answers, a request held while the server is
-// killed), shrinks list pages and captures requests; boto3/botocore (tests/checkpoint/s3_interop.py)
+// killed), shrinks list pages and captures requests; boto3/botocore (tests/integration/checkpoint/s3_interop.py)
 // is the independent client and the SigV4 reference. Without s3rver the server tests fail, naming
 // the install script; TRAINFLOW_SKIP_S3_TESTS=1 skips them. Every server is killed by PID at the
 // end of its suite or test (and by the kernel if this process dies first: PR_SET_PDEATHSIG).
@@ -20,7 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/checkpoint/s3_test_servers.h"
+#include "tests/integration/checkpoint/s3_test_servers.h"
 #include "tests/test_dir.h"
 
 namespace tf::checkpoint {
@@ -472,7 +472,7 @@ TEST_F(S3StoreTest, Boto3ReadsOurObjectsAndWeReadBoto3s) {
   ASSERT_TRUE(store->Put("ours/big.bin", big).ok());  // multipart
 
   const std::string python = FindOnPath("python3");
-  const std::string script = Source("tests/checkpoint/s3_interop.py");
+  const std::string script = Source("tests/integration/checkpoint/s3_interop.py");
   const std::vector<std::string> env = {"AWS_ACCESS_KEY_ID=S3RVER", std::string("AWS_SECRET_ACCESS_KEY=") + kSecret};
   const std::string endpoint = fmt::format("http://127.0.0.1:{}", servers_->s3rver.port());
   std::string out;
@@ -528,7 +528,7 @@ TEST_F(S3StoreTest, SignaturesMatchBotocoreSigV4) {
   testing_util::TestDir tmp("tf_s3_sigv4");
   std::ofstream(tmp.path() + "/requests.json") << captured.dump();
   std::string out;
-  const int rc = RunCommand({FindOnPath("python3"), Source("tests/checkpoint/s3_interop.py"), "verify-sigv4", "--requests",
+  const int rc = RunCommand({FindOnPath("python3"), Source("tests/integration/checkpoint/s3_interop.py"), "verify-sigv4", "--requests",
                       tmp.path() + "/requests.json"},
                      {"AWS_ACCESS_KEY_ID=S3RVER", std::string("AWS_SECRET_ACCESS_KEY=") + kSecret,
                       "AWS_SESSION_TOKEN=" + o.session_token},
@@ -559,7 +559,7 @@ TEST_F(S3StoreTest, SignaturesMatchBotocoreSigV4) {
   }
   ASSERT_EQ(tampered.size(), 2u);
   std::ofstream(tmp.path() + "/tampered.json") << tampered.dump();
-  const int bad = RunCommand({FindOnPath("python3"), Source("tests/checkpoint/s3_interop.py"), "verify-sigv4",
+  const int bad = RunCommand({FindOnPath("python3"), Source("tests/integration/checkpoint/s3_interop.py"), "verify-sigv4",
                               "--requests", tmp.path() + "/tampered.json"},
                              {"AWS_ACCESS_KEY_ID=S3RVER", std::string("AWS_SECRET_ACCESS_KEY=") + kSecret,
                               "AWS_SESSION_TOKEN=" + o.session_token},

@@ -17,7 +17,7 @@
 
 #include "engine/data/token_file.h"
 #include "engine/weights_card.h"
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/cli_fixture.h"
 
 namespace tf {
 namespace {

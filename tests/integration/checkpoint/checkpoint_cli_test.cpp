@@ -10,7 +10,7 @@
 
 #include "checkpoint/manifest.h"
 #include "checkpoint/object_store.h"
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/cli_fixture.h"
 
 namespace tf {
 namespace {

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Multi-host chaos tests of `trainflow launch`: network namespaces as hosts (CTest; root; stdlib).
 
-  python3 tests/fault/netns_chaos_test.py --trainflow build/trainflow --source . [--only NAME ...]
+  python3 tests/integration/fault/netns_chaos_test.py --trainflow build/trainflow --source . [--only NAME ...]
 
-Hosts are network namespaces on a bridge (tests/fault/netns_cluster.py); mpirun reaches them through
+Hosts are network namespaces on a bridge (tests/integration/fault/netns_cluster.py); mpirun reaches them through
 scripts/netns_rsh.sh, and every Open MPI connection and heartbeat stays on the cluster's subnet.
   quarantine  2 hosts x 1 slot. The rank on host 2 is killed whenever it runs, until host 2 is
               quarantined (--quarantine-after 2); the job goes on as 1 rank with the same global

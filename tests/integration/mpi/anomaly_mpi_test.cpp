@@ -6,7 +6,7 @@
 
 #include <cstring>
 
-#include "tests/engine/data_parallel_fixture.h"
+#include "tests/integration/mpi/data_parallel_fixture.h"
 
 namespace tf::test {
 namespace {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Grafana dashboard and the /metrics endpoint against a real Prometheus (CTest; stdlib only).
 
-  python3 tests/monitor/prometheus_test.py --trainflow build/trainflow --source . \
+  python3 tests/integration/monitor/prometheus_test.py --trainflow build/trainflow --source . \
       [--fake-nvml libfake-nvml.so] [--mpirun "mpirun ... -np 2 ..."]
 
 1. monitor/grafana/trainflow.json: valid JSON in Grafana's dashboard model (required keys, unique

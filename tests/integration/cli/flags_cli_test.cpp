@@ -3,7 +3,7 @@
 // a non-number where a number belongs is named as such.
 #include <string>
 
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/cli_fixture.h"
 
 namespace tf {
 namespace {

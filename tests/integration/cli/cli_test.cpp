@@ -21,7 +21,7 @@
 #include "model/config.h"
 #include "model/gpt2_weights.h"
 #include "model/safetensors.h"
-#include "tests/engine/cli_fixture.h"
+#include "tests/integration/cli_fixture.h"
 
 namespace tf {
 namespace {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """TrainFlow on a real Slurm cluster started by this test (CTest; stdlib only). docs/slurm.md.
 
-  python3 tests/slurm/slurm_test.py --trainflow build/trainflow --source . [--only NAME ...] [--keep]
+  python3 tests/integration/slurm/slurm_test.py --trainflow build/trainflow --source . [--only NAME ...] [--keep]
                                     [--report FILE]   (the measured figures as JSON: scripts/bench_slurm.py)
 
 The cluster: munged, slurmctld and six slurmd (node1..node6) on this machine, all on loopback, with
