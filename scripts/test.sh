@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies (if missing), fetches the GPT-2 tokenizer files
-# used by the BPE tests, builds everything, and runs the whole suite with CTest.
+# used by the BPE tests, builds every target (scripts/build.sh with no target), and runs the whole
+# suite with CTest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/install_deps.sh"
