@@ -11,7 +11,7 @@
 // Data parallelism: rank r of W reads global micro-batch i*W + r (W ranks with batch B train like
 // one rank with batch W*B); rank 0 broadcasts the initial weights and alone prints and writes the
 // outputs; every rank checks at start that all run the same configs and data. A stop request
-// (SIGINT/SIGTERM, engine/stop_signal.h) is agreed on in the step's loss reduction, so all ranks
+// (SIGINT/SIGTERM, base/stop_signal.h) is agreed on in the step's loss reduction, so all ranks
 // stop after the same step. Thread safety: one thread.
 #pragma once
 #include <cstdint>
