@@ -14,6 +14,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include "base/net.h"
 #include "base/progress.h"
 #include "engine/train_backend.h"
 #include "model/config.h"
@@ -224,8 +225,11 @@ Status AgreeOnAllRanks(Trainer& t, Status local, const char* what) {
 
 // The endpoint's options for this rank: metrics_addr's port + local rank, the token.
 StatusOr<monitor::ServerOptions> ServerOptionsFor(const TrainConfig& c, const comm::Topology& topo) {
+  const StatusOr<HostPort> addr = ParseHostPort(c.metrics_addr);
+  if (!addr.ok()) return addr.status().WithContext("metrics_addr");
   monitor::ServerOptions so;
-  TF_RETURN_IF_ERROR(monitor::ParseHostPort(c.metrics_addr, &so).WithContext("metrics_addr"));
+  so.host = addr->host;
+  so.port = addr->port;
   if (so.port != 0) {
     if (so.port + topo.local_rank > 65535) {
       return Status::InvalidArgument("metrics_addr port {} + local rank {} is beyond 65535", so.port, topo.local_rank);

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/net.h"
 #include "base/status.h"
 
 namespace tf::monitor {
@@ -47,9 +48,7 @@ class HeartbeatSession {
 // 2n random hex digits from the kernel's generator.
 std::string RandomHex(int n_bytes);
 
-// A TCP connection to host:port (numeric or resolved) within timeout_s: a non-blocking socket with
-// TCP_NODELAY, or -1 with the reason in *error (may be null).
-int ConnectWithin(const std::string& host, int port, double timeout_s, std::string* error);
+using ::tf::ConnectWithin;  // base/net.h
 
 struct HeartbeatClientOptions {
   std::string address;          // "HOST:PORT" of the supervisor
