@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -14,6 +13,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include "base/clock.h"
 #include "base/net.h"
 #include "base/progress.h"
 #include "engine/train_backend.h"
@@ -59,12 +59,8 @@ double CpuFlopsPerCycle() {
 // A run id shared by every rank: TRAINFLOW_RUN_ID, else rank 0's clock and randomness.
 StatusOr<std::string> RunId() {
   if (const char* env = std::getenv("TRAINFLOW_RUN_ID"); env != nullptr && *env != '\0') return std::string(env);
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
   const unsigned r = std::random_device{}() & 0xffff;
-  return fmt::format("{:04}{:02}{:02}-{:02}{:02}{:02}-{:04x}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                     tm.tm_min, tm.tm_sec, r);
+  return fmt::format("{}-{:04x}", FormatUtc(UnixSeconds(), "%Y%m%d-%H%M%S"), r);
 }
 
 class MonitorObserver final : public StepObserver {
