@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "base/clock.h"
+#include "base/format.h"
 #include "base/huge_pages.h"
 #include "base/progress.h"
 #include "comm/codec.h"
@@ -24,12 +25,6 @@ using json = nlohmann::json;
 using checkpoint::Checkpointer;
 using checkpoint::Manifest;
 using checkpoint::ObjectStore;
-
-std::string Bytes(double b) {
-  if (b >= (1 << 30)) return fmt::format("{:.2f} GiB", b / (1 << 30));
-  if (b >= (1 << 20)) return fmt::format("{:.1f} MiB", b / (1 << 20));
-  return fmt::format("{:.1f} KiB", b / 1024);
-}
 
 std::string ResidualName(const char* which, int rank) { return fmt::format("ef.{}.r{}", which, rank); }
 
@@ -149,8 +144,8 @@ Status TrainCheckpointing::AfterStep(const double* reduced, StepStats& stats) {
     if (s.written > reported_) {
       reported_ = s.written;
       fmt::print("checkpoint step {} committed to {} ({} of state, {} stored; rank 0's part written in {:.2f} s)\n",
-                 s.last_committed_step, ckpt_->store().location(), Bytes(static_cast<double>(s.committed_raw_bytes)),
-                 Bytes(static_cast<double>(s.committed_new_bytes)), s.last_write_s);
+                 s.last_committed_step, ckpt_->store().location(), FormatBytes(s.committed_raw_bytes),
+                 FormatBytes(s.committed_new_bytes), s.last_write_s);
       std::fflush(stdout);
     }
   }
@@ -340,8 +335,8 @@ StatusOr<bool> TrainCheckpointing::Finish(int64_t step) {
     if (committed) {
       fmt::print("checkpoint step {} committed to {} ({} of state, {} stored; rank 0's part written in {:.2f} s; {} "
                  "checkpoint{} written, {} failed, {} skipped)\n",
-                 step, ckpt_->store().location(), Bytes(static_cast<double>(s.committed_raw_bytes)),
-                 Bytes(static_cast<double>(s.committed_new_bytes)), s.last_write_s, s.written,
+                 step, ckpt_->store().location(), FormatBytes(s.committed_raw_bytes),
+                 FormatBytes(s.committed_new_bytes), s.last_write_s, s.written,
                  s.written == 1 ? "" : "s", s.failed, s.skipped + skipped_);
     } else {
       fmt::print("the final checkpoint (step {}) was not written: {}\n", step,
@@ -499,7 +494,7 @@ StatusOr<std::string> ResumeFromCheckpoint(Trainer& t, int64_t* step, int64_t be
         return fmt::format("resumed from {}/{} (step {}, written {} by {} rank{}, {} checkpoint; {} objects, {} "
                            "verified by xxh64; restored in {:.2f} s){}{}",
                            store->location(), checkpoint::CheckpointPrefix(m.step), m.step, m.created, m.world,
-                           m.world == 1 ? "" : "s", m.kind, m.objects.size(), Bytes(static_cast<double>(bytes)),
+                           m.world == 1 ? "" : "s", m.kind, m.objects.size(), FormatBytes(bytes),
                            MonotonicSeconds() - t0, notes, skipped);
       }
       problem = state.status();
