@@ -15,13 +15,13 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/backoff.h"
 #include "base/env.h"
 #include "base/parallel.h"
 #include "base/sha256.h"
@@ -810,10 +810,7 @@ class S3Store final : public ObjectStore {
 
   // Full jitter: uniform in [0, min(max_backoff, base * 2^(attempt-1))].
   double Backoff(int attempt) const {
-    thread_local std::mt19937_64 rng(std::random_device{}() ^
-                                     std::hash<std::thread::id>{}(std::this_thread::get_id()));
-    const double cap = std::min(options_.max_backoff_s, options_.base_backoff_s * std::ldexp(1.0, std::min(attempt - 1, 30)));
-    return std::uniform_real_distribution<double>(0.0, std::max(cap, 0.0))(rng);
+    return FullJitter(ExponentialDelay(options_.base_backoff_s, 2, attempt - 1, options_.max_backoff_s));
   }
 
   // Runs task(0..n-1) on up to options_.parallelism threads; the first error stops the rest.

@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "base/backoff.h"
 #include "base/json.h"
 #include "base/net.h"
 #include "base/progress.h"
@@ -266,15 +267,15 @@ struct HeartbeatClient::Impl {
     errno = 0;
     const int nice_now = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
     if (errno == 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), std::max(-20, nice_now - 10));
-    double backoff = 0.05;
+    int failures = 0;  // connection attempts failed in a row
     while (!stop) {
       const int fd = Connect();
       if (fd < 0) {
-        WaitFor(backoff);
-        backoff = std::min(backoff * 2, std::max(0.05, options.interval_s));
+        WaitFor(ExponentialDelay(0.05, 2, failures, std::max(0.05, options.interval_s)));
+        if (failures < 64) ++failures;
         continue;
       }
-      backoff = 0.05;
+      failures = 0;
       Serve(fd);
       connected = false;
       ::close(fd);
