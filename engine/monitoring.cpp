@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <random>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +15,7 @@
 #include "base/clock.h"
 #include "base/net.h"
 #include "base/progress.h"
+#include "base/random.h"
 #include "engine/train_backend.h"
 #include "model/config.h"
 #include "monitor/metrics.h"
@@ -59,8 +59,7 @@ double CpuFlopsPerCycle() {
 // A run id shared by every rank: TRAINFLOW_RUN_ID, else rank 0's clock and randomness.
 StatusOr<std::string> RunId() {
   if (const char* env = std::getenv("TRAINFLOW_RUN_ID"); env != nullptr && *env != '\0') return std::string(env);
-  const unsigned r = std::random_device{}() & 0xffff;
-  return fmt::format("{}-{:04x}", FormatUtc(UnixSeconds(), "%Y%m%d-%H%M%S"), r);
+  return FormatUtc(UnixSeconds(), "%Y%m%d-%H%M%S") + "-" + RandomHex(2);
 }
 
 class MonitorObserver final : public StepObserver {

@@ -19,7 +19,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include <fmt/format.h>
@@ -28,6 +27,7 @@
 #include "base/json.h"
 #include "base/net.h"
 #include "base/progress.h"
+#include "base/random.h"
 #include "base/sha256.h"
 
 namespace tf::monitor {
@@ -128,17 +128,6 @@ StatusOr<json> HeartbeatSession::Open(const std::string& line) {
   if (!body.is_object()) return Status::InvalidArgument("a heartbeat frame whose body is not a JSON object");
   recv_seq_ = seq;
   return body;
-}
-
-std::string RandomHex(int n_bytes) {
-  std::random_device rd;  // the kernel's getrandom on Linux
-  std::string out;
-  out.reserve(static_cast<size_t>(n_bytes) * 2);
-  for (int i = 0; i < n_bytes; i += 4) {
-    const uint32_t v = rd();
-    for (int j = 0; j < 4 && i + j < n_bytes; ++j) out += fmt::format("{:02x}", (v >> (8 * j)) & 0xff);
-  }
-  return out;
 }
 
 // ---- Client ----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/net.h"
+#include "base/random.h"
 #include "base/status.h"
 
 namespace tf::monitor {
@@ -45,8 +46,7 @@ class HeartbeatSession {
   uint64_t send_seq_ = 0, recv_seq_ = 0;
 };
 
-// 2n random hex digits from the kernel's generator.
-std::string RandomHex(int n_bytes);
+using ::tf::RandomHex;  // base/random.h
 
 using ::tf::ConnectWithin;  // base/net.h
 
