@@ -1,7 +1,8 @@
 #include "base/progress.h"
 
+#include "base/clock.h"
+
 #include <atomic>
-#include <chrono>
 #include <mutex>
 
 namespace tf {
@@ -45,8 +46,7 @@ void SetPhase(Phase p) {
   g_progress.fetch_add(1, std::memory_order_relaxed);
 }
 void SetStepsDone(int64_t step) {
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now = UnixSeconds();
   g_step_time.store(now, std::memory_order_relaxed);
   const int64_t start = g_start_step.load(std::memory_order_relaxed);
   if (start >= 0 && step == start + 1 && g_first_step_time.load(std::memory_order_relaxed) == 0) {

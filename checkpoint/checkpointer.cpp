@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "base/huge_pages.h"
+#include "base/parallel.h"
 #include "base/progress.h"
 #include "checkpoint/chunk_codec.h"
 
@@ -308,7 +309,6 @@ Status Checkpointer::WritePart(Half& half) {
   // Per job: its entry and, for a delta, its base listed as a plain object.
   std::vector<ObjectEntry> entries(jobs.size());
   std::vector<std::optional<ObjectEntry>> bases(jobs.size());
-  std::vector<Status> results(jobs.size());
   const size_t threads = std::clamp<size_t>(static_cast<size_t>(std::max(options_.writer_threads, 1)), 1, jobs.size() + 1);
   // One encode buffer per thread, kept across checkpoints: a fresh 16 MiB buffer per chunk costs
   // its page faults, on some VMs as much time as writing it.
@@ -346,26 +346,7 @@ Status Checkpointer::WritePart(Half& half) {
     AdvanceProgress();
     return store_->PutDeferred(entry.key, bytes.view());
   };
-  if (threads <= 1) {
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      results[j] = work(j, encode_buffers_[0]);
-      if (!results[j].ok()) break;
-    }
-  } else {
-    std::atomic<size_t> next{0};
-    std::atomic<bool> failed{false};
-    std::vector<std::thread> pool;
-    for (size_t k = 0; k < threads; ++k) {
-      pool.emplace_back([&, k] {
-        for (size_t j; !failed && (j = next++) < jobs.size();) {
-          results[j] = work(j, encode_buffers_[k]);
-          if (!results[j].ok()) failed = true;
-        }
-      });
-    }
-    for (std::thread& th : pool) th.join();
-  }
-  for (const Status& r : results) TF_RETURN_IF_ERROR(r);
+  TF_RETURN_IF_ERROR(ParallelFor(jobs.size(), threads, [&](size_t j, size_t k) { return work(j, encode_buffers_[k]); }));
   int64_t stored_bytes = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     if (bases[j]) part.objects.push_back(*bases[j]);

@@ -1,14 +1,13 @@
 #include "checkpoint/manifest.h"
 
 #include <charconv>
-#include <chrono>
 #include <set>
 
-#include <fmt/chrono.h>
 #include <fmt/format.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "base/clock.h"
 #include "base/json.h"
 
 namespace tf::checkpoint {
@@ -59,8 +58,6 @@ json Body(const Manifest& m) {
           {"world", m.world},         {"state", m.state},              {"tensors", tensors},
           {"objects", objects}};
 }
-
-std::string Now() { return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(std::time(nullptr))); }
 
 }  // namespace
 
@@ -225,7 +222,7 @@ Status WriteCheckpoint(ObjectStore& store, Manifest m, const std::vector<std::pa
 }
 
 Status CommitManifest(ObjectStore& store, Manifest m) {
-  if (m.created.empty()) m.created = Now();
+  if (m.created.empty()) m.created = IsoUtc(UnixSeconds());
   return store.Put(CheckpointPrefix(m.step) + "/" + kManifestName, SerializeManifest(m));
 }
 

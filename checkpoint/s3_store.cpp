@@ -15,14 +15,15 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/backoff.h"
 #include "base/env.h"
+#include "base/parallel.h"
 #include "base/sha256.h"
 #include "base/utf8.h"
 
@@ -809,36 +810,12 @@ class S3Store final : public ObjectStore {
 
   // Full jitter: uniform in [0, min(max_backoff, base * 2^(attempt-1))].
   double Backoff(int attempt) const {
-    thread_local std::mt19937_64 rng(std::random_device{}() ^
-                                     std::hash<std::thread::id>{}(std::this_thread::get_id()));
-    const double cap = std::min(options_.max_backoff_s, options_.base_backoff_s * std::ldexp(1.0, std::min(attempt - 1, 30)));
-    return std::uniform_real_distribution<double>(0.0, std::max(cap, 0.0))(rng);
+    return FullJitter(ExponentialDelay(options_.base_backoff_s, 2, attempt - 1, options_.max_backoff_s));
   }
 
   // Runs task(0..n-1) on up to options_.parallelism threads; the first error stops the rest.
   Status RunParallel(size_t n, const std::function<Status(size_t)>& task) {
-    const size_t threads = std::min(n, static_cast<size_t>(options_.parallelism));
-    std::atomic<size_t> next{0};
-    std::atomic<bool> failed{false};
-    std::mutex mu;
-    Status first;  // guarded by mu
-    auto worker = [&] {
-      while (!failed.load()) {
-        const size_t i = next.fetch_add(1);
-        if (i >= n) return;
-        Status s = task(i);
-        if (!s.ok()) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (first.ok()) first = s;
-          failed = true;
-        }
-      }
-    };
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
-    worker();
-    for (std::thread& t : pool) t.join();
-    return first;
+    return ParallelFor(n, static_cast<size_t>(options_.parallelism), [&](size_t i, size_t) { return task(i); });
   }
 
   Status PutMultipart(const std::string& key, std::string_view data) {

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/format.h"
 #include "base/progress.h"
 
 #include "comm/mpi_util.h"
@@ -120,12 +121,6 @@ MPI_Datatype ToMpi(DataType t) {
   return MPI_BYTE;
 }
 
-std::string Bytes(size_t b) {
-  if (b >= (size_t{1} << 20)) return fmt::format("{:.1f} MiB", b / double(1 << 20));
-  if (b >= 1024) return fmt::format("{:.1f} KiB", b / 1024.0);
-  return fmt::format("{} B", b);
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm base) {
@@ -190,13 +185,13 @@ Status MpiCommunicator::Wait(MPI_Request* req, const char* what, size_t bytes) {
       return Status::DeadlineExceeded(
           "{} of {} on rank {} of {}{} did not complete within {:.0f} s (TRAINFLOW_COMM_TIMEOUT): a peer rank "
           "has probably died, hung or been stopped, or is running a different configuration",
-          what, Bytes(bytes), rank_, world_, ActivitySuffix(), timeout_s_);
+          what, FormatBytes(bytes), rank_, world_, ActivitySuffix(), timeout_s_);
     }
     if (!warned && now - start > kWarnAfter) {
       warned = true;
       spdlog::warn("rank {} of {} has been waiting {:.0f} s for the other ranks to join the {} of {}{} (a peer may "
                    "be slow, stopped or hung); giving up after {:.0f} s (TRAINFLOW_COMM_TIMEOUT)",
-                   rank_, world_, std::chrono::duration<double>(now - start).count(), what, Bytes(bytes),
+                   rank_, world_, std::chrono::duration<double>(now - start).count(), what, FormatBytes(bytes),
                    ActivitySuffix(), timeout_s_);
     }
     std::this_thread::sleep_for(sleep);

@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "base/json.h"
+#include "base/net.h"
 #include "comm/mpi_util.h"
 
 namespace tf::comm {
@@ -27,12 +28,6 @@ int EnvInt(const char* name, int fallback) {
   const long x = std::strtol(v, &end, 10);
   if (end == v || *end != '\0' || x < 0 || x > (1 << 24)) return fallback;
   return static_cast<int>(x);
-}
-
-std::string Hostname() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
-  return buf;
 }
 
 // The first top-level key whose value differs between two JSON objects, as "key 'k' is A on rank 0
@@ -78,7 +73,8 @@ Status g_init_status;         // the first InitProcessGroup's result
 Status InitLocked() {
   const EnvironmentHint hint = ReadLauncherEnvironment();
   Topology t;
-  t.hostname = Hostname();
+  t.hostname = HostName();
+  if (t.hostname.empty()) t.hostname = "unknown";
   t.launcher = hint.launcher;
   const char* force = std::getenv("TRAINFLOW_MPI");
   const bool forbid = force != nullptr && std::string(force) == "0";

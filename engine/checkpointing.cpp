@@ -1,7 +1,6 @@
 #include "engine/checkpointing.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -10,6 +9,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "base/clock.h"
+#include "base/format.h"
 #include "base/huge_pages.h"
 #include "base/progress.h"
 #include "comm/codec.h"
@@ -24,16 +25,6 @@ using json = nlohmann::json;
 using checkpoint::Checkpointer;
 using checkpoint::Manifest;
 using checkpoint::ObjectStore;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string Bytes(double b) {
-  if (b >= (1 << 30)) return fmt::format("{:.2f} GiB", b / (1 << 30));
-  if (b >= (1 << 20)) return fmt::format("{:.1f} MiB", b / (1 << 20));
-  return fmt::format("{:.1f} KiB", b / 1024);
-}
 
 std::string ResidualName(const char* which, int rank) { return fmt::format("ef.{}.r{}", which, rank); }
 
@@ -123,7 +114,7 @@ StatusOr<std::unique_ptr<TrainCheckpointing>> TrainCheckpointing::Create(Trainer
   o.allocate = [backend](size_t n) { return backend->AllocateHost(n); };
   o.release = [backend](float* p) { backend->FreeHost(p); };
   TF_ASSIGN_OR_RETURN(tc->ckpt_, Checkpointer::Create(std::move(store), std::move(tensors), std::move(o)));
-  tc->last_time_ = Now();
+  tc->last_time_ = MonotonicSeconds();
   // A run resumed from this directory at its last step has that checkpoint already.
   if (t.resumed_checkpoint_step() >= 0) tc->last_begun_ = t.resumed_checkpoint_step();
   return tc;
@@ -132,7 +123,7 @@ StatusOr<std::unique_ptr<TrainCheckpointing>> TrainCheckpointing::Create(Trainer
 void TrainCheckpointing::Contribute(double* slots) {
   const TrainConfig& c = trainer_.config();
   const bool rank0 = trainer_.topology().rank == 0;
-  slots[0] = rank0 && c.checkpoint_every_s > 0 && Now() - last_time_ >= c.checkpoint_every_s ? 1.0 : 0.0;
+  slots[0] = rank0 && c.checkpoint_every_s > 0 && MonotonicSeconds() - last_time_ >= c.checkpoint_every_s ? 1.0 : 0.0;
   slots[1] = ckpt_->busy() ? 1.0 : 0.0;
   slots[2] = !uncommitted_.empty() && ckpt_->PartFinished(uncommitted_.front()) ? 1.0 : 0.0;
 }
@@ -153,8 +144,8 @@ Status TrainCheckpointing::AfterStep(const double* reduced, StepStats& stats) {
     if (s.written > reported_) {
       reported_ = s.written;
       fmt::print("checkpoint step {} committed to {} ({} of state, {} stored; rank 0's part written in {:.2f} s)\n",
-                 s.last_committed_step, ckpt_->store().location(), Bytes(static_cast<double>(s.committed_raw_bytes)),
-                 Bytes(static_cast<double>(s.committed_new_bytes)), s.last_write_s);
+                 s.last_committed_step, ckpt_->store().location(), FormatBytes(s.committed_raw_bytes),
+                 FormatBytes(s.committed_new_bytes), s.last_write_s);
       std::fflush(stdout);
     }
   }
@@ -175,7 +166,7 @@ Status TrainCheckpointing::AfterStep(const double* reduced, StepStats& stats) {
 
 Status TrainCheckpointing::Take(int64_t step, double* stall_ms, bool always) {
   SetPhase(Phase::kCheckpoint);
-  const double t0 = Now();
+  const double t0 = MonotonicSeconds();
   Checkpointer::Snapshot* snap = ckpt_->Begin(step, always);
   if (snap == nullptr) return Status::OK();  // skipped (counted); ranks agreed it would not be
   TrainBackend& backend = trainer_.backend();
@@ -212,7 +203,7 @@ Status TrainCheckpointing::Take(int64_t step, double* stall_ms, bool always) {
   // The synchronous baseline: this rank's part is written (and, alone, committed) before going on.
   if (!trainer_.config().checkpoint_async) (void)ckpt_->Flush();
   last_begun_ = step;
-  last_time_ = Now();
+  last_time_ = MonotonicSeconds();
   if (stall_ms != nullptr) *stall_ms = (last_time_ - t0) * 1000.0;
   return Status::OK();
 }
@@ -344,8 +335,8 @@ StatusOr<bool> TrainCheckpointing::Finish(int64_t step) {
     if (committed) {
       fmt::print("checkpoint step {} committed to {} ({} of state, {} stored; rank 0's part written in {:.2f} s; {} "
                  "checkpoint{} written, {} failed, {} skipped)\n",
-                 step, ckpt_->store().location(), Bytes(static_cast<double>(s.committed_raw_bytes)),
-                 Bytes(static_cast<double>(s.committed_new_bytes)), s.last_write_s, s.written,
+                 step, ckpt_->store().location(), FormatBytes(s.committed_raw_bytes),
+                 FormatBytes(s.committed_new_bytes), s.last_write_s, s.written,
                  s.written == 1 ? "" : "s", s.failed, s.skipped + skipped_);
     } else {
       fmt::print("the final checkpoint (step {}) was not written: {}\n", step,
@@ -480,7 +471,7 @@ StatusOr<std::string> ResumeFromCheckpoint(Trainer& t, int64_t* step, int64_t be
     }
   }
   const bool rank0 = t.topology().rank == 0 && t.options().print_progress;
-  const double t0 = Now();
+  const double t0 = MonotonicSeconds();
   std::string skipped;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     Status problem = it->problem;
@@ -503,8 +494,8 @@ StatusOr<std::string> ResumeFromCheckpoint(Trainer& t, int64_t* step, int64_t be
         return fmt::format("resumed from {}/{} (step {}, written {} by {} rank{}, {} checkpoint; {} objects, {} "
                            "verified by xxh64; restored in {:.2f} s){}{}",
                            store->location(), checkpoint::CheckpointPrefix(m.step), m.step, m.created, m.world,
-                           m.world == 1 ? "" : "s", m.kind, m.objects.size(), Bytes(static_cast<double>(bytes)),
-                           Now() - t0, notes, skipped);
+                           m.world == 1 ? "" : "s", m.kind, m.objects.size(), FormatBytes(bytes),
+                           MonotonicSeconds() - t0, notes, skipped);
       }
       problem = state.status();
     }

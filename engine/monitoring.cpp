@@ -3,18 +3,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <random>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include "base/clock.h"
+#include "base/net.h"
 #include "base/progress.h"
+#include "base/random.h"
 #include "engine/train_backend.h"
 #include "model/config.h"
 #include "monitor/metrics.h"
@@ -58,12 +59,7 @@ double CpuFlopsPerCycle() {
 // A run id shared by every rank: TRAINFLOW_RUN_ID, else rank 0's clock and randomness.
 StatusOr<std::string> RunId() {
   if (const char* env = std::getenv("TRAINFLOW_RUN_ID"); env != nullptr && *env != '\0') return std::string(env);
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  const unsigned r = std::random_device{}() & 0xffff;
-  return fmt::format("{:04}{:02}{:02}-{:02}{:02}{:02}-{:04x}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                     tm.tm_min, tm.tm_sec, r);
+  return FormatUtc(UnixSeconds(), "%Y%m%d-%H%M%S") + "-" + RandomHex(2);
 }
 
 class MonitorObserver final : public StepObserver {
@@ -224,8 +220,11 @@ Status AgreeOnAllRanks(Trainer& t, Status local, const char* what) {
 
 // The endpoint's options for this rank: metrics_addr's port + local rank, the token.
 StatusOr<monitor::ServerOptions> ServerOptionsFor(const TrainConfig& c, const comm::Topology& topo) {
+  const StatusOr<HostPort> addr = ParseHostPort(c.metrics_addr);
+  if (!addr.ok()) return addr.status().WithContext("metrics_addr");
   monitor::ServerOptions so;
-  TF_RETURN_IF_ERROR(monitor::ParseHostPort(c.metrics_addr, &so).WithContext("metrics_addr"));
+  so.host = addr->host;
+  so.port = addr->port;
   if (so.port != 0) {
     if (so.port + topo.local_rank > 65535) {
       return Status::InvalidArgument("metrics_addr port {} + local rank {} is beyond 65535", so.port, topo.local_rank);

@@ -19,15 +19,16 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "base/backoff.h"
 #include "base/json.h"
+#include "base/net.h"
 #include "base/progress.h"
+#include "base/random.h"
 #include "base/sha256.h"
-#include "monitor/server.h"
 
 namespace tf::monitor {
 namespace {
@@ -49,27 +50,6 @@ bool IsHex(const std::string& s) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   }
   return !s.empty();
-}
-
-void SetNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
-
-// Writes all of `data` to a non-blocking socket within `deadline_s`; false on error or timeout.
-bool WriteAll(int fd, const std::string& data, double deadline_s) {
-  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s));
-  size_t off = 0;
-  while (off < data.size()) {
-    const ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    const double left = Seconds(end - Clock::now());
-    if (left <= 0) return false;
-    pollfd p{fd, POLLOUT, 0};
-    ::poll(&p, 1, static_cast<int>(left * 1000) + 1);
-  }
-  return true;
 }
 
 // Reads what is available into `buf`; false on EOF or error.
@@ -150,58 +130,6 @@ StatusOr<json> HeartbeatSession::Open(const std::string& line) {
   return body;
 }
 
-std::string RandomHex(int n_bytes) {
-  std::random_device rd;  // the kernel's getrandom on Linux
-  std::string out;
-  out.reserve(static_cast<size_t>(n_bytes) * 2);
-  for (int i = 0; i < n_bytes; i += 4) {
-    const uint32_t v = rd();
-    for (int j = 0; j < 4 && i + j < n_bytes; ++j) out += fmt::format("{:02x}", (v >> (8 * j)) & 0xff);
-  }
-  return out;
-}
-
-int ConnectWithin(const std::string& host, int port, double timeout_s, std::string* error) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0 || res == nullptr) {
-    if (error != nullptr) *error = fmt::format("cannot resolve '{}': {}", host, rc != 0 ? ::gai_strerror(rc) : "no address");
-    return -1;
-  }
-  int fd = -1;
-  std::string why = "no address";
-  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    SetNonBlocking(fd);
-    int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
-    if (rc < 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      rc = ::poll(&p, 1, static_cast<int>(timeout_s * 1000)) == 1 ? 0 : -1;
-      int err = rc == 0 ? 0 : ETIMEDOUT;
-      socklen_t len = sizeof(err);
-      if (rc == 0 && (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)) rc = -1;
-      if (rc != 0) errno = err;
-    }
-    if (rc != 0) {
-      why = std::strerror(errno);
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ::freeaddrinfo(res);
-  if (fd >= 0) {
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  } else if (error != nullptr) {
-    *error = fmt::format("cannot connect to {}:{}: {}", host, port, why);
-  }
-  return fd;
-}
-
 // ---- Client ----------------------------------------------------------------------------------
 
 struct HeartbeatClient::Impl {
@@ -268,7 +196,7 @@ struct HeartbeatClient::Impl {
     HeartbeatSession session(options.secret, server_nonce, client_nonce, /*is_server=*/false);
     json hello = options.identity;
     hello["type"] = "hello";
-    if (!WriteAll(fd, "HELLO " + client_nonce + "\n" + session.Seal(hello), 2.0)) return;
+    if (!SendAllWithin(fd, "HELLO " + client_nonce + "\n" + session.Seal(hello), 2.0)) return;
     connected = true;
     auto next_hb = Clock::now();
     lines.erase(lines.begin());
@@ -292,7 +220,7 @@ struct HeartbeatClient::Impl {
           queue.pop_front();
         }
       }
-      if (!out.empty() && !WriteAll(fd, out, 2.0)) return;
+      if (!out.empty() && !SendAllWithin(fd, out, 2.0)) return;
       const double wait = std::max(0.0, Seconds(next_hb - Clock::now()));
       pollfd p[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
       const int n = ::poll(p, 2, static_cast<int>(wait * 1000) + 1);
@@ -318,7 +246,7 @@ struct HeartbeatClient::Impl {
         queue.pop_front();
       }
     }
-    if (!out.empty()) (void)WriteAll(fd, out, 1.0);
+    if (!out.empty()) (void)SendAllWithin(fd, out, 1.0);
   }
 
   void Run() {
@@ -328,15 +256,15 @@ struct HeartbeatClient::Impl {
     errno = 0;
     const int nice_now = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
     if (errno == 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), std::max(-20, nice_now - 10));
-    double backoff = 0.05;
+    int failures = 0;  // connection attempts failed in a row
     while (!stop) {
       const int fd = Connect();
       if (fd < 0) {
-        WaitFor(backoff);
-        backoff = std::min(backoff * 2, std::max(0.05, options.interval_s));
+        WaitFor(ExponentialDelay(0.05, 2, failures, std::max(0.05, options.interval_s)));
+        if (failures < 64) ++failures;
         continue;
       }
-      backoff = 0.05;
+      failures = 0;
       Serve(fd);
       connected = false;
       ::close(fd);
@@ -356,8 +284,9 @@ StatusOr<std::unique_ptr<HeartbeatClient>> HeartbeatClient::Start(HeartbeatClien
   if (!(options.interval_s > 0 && options.interval_s <= 3600)) {
     return Status::InvalidArgument("heartbeat interval {} s: expected 0 < interval <= 3600", options.interval_s);
   }
-  ServerOptions addr;
-  TF_RETURN_IF_ERROR(ParseHostPort(options.address, &addr).WithContext("the supervisor's address"));
+  StatusOr<HostPort> parsed = tf::ParseHostPort(options.address);
+  if (!parsed.ok()) return parsed.status().WithContext("the supervisor's address");
+  const HostPort addr = *parsed;
   if (addr.port == 0) return Status::InvalidArgument("the supervisor's address '{}' has no port", options.address);
   std::unique_ptr<HeartbeatClient> c(new HeartbeatClient());
   c->impl_ = std::make_unique<Impl>();
@@ -463,7 +392,7 @@ struct HeartbeatServer::Impl {
       c.server_nonce = RandomHex(16);
       c.accepted = Clock::now();
       const int id = next_id++;
-      if (!WriteAll(fd, kGreeting + c.server_nonce + "\n", 1.0)) {
+      if (!SendAllWithin(fd, kGreeting + c.server_nonce + "\n", 1.0)) {
         ::close(fd);
         continue;
       }
@@ -513,37 +442,17 @@ struct HeartbeatServer::Impl {
 StatusOr<std::unique_ptr<HeartbeatServer>> HeartbeatServer::Listen(const std::string& host, int port,
                                                                   std::string secret) {
   if (secret.empty()) return Status::InvalidArgument("the heartbeat channel needs a secret");
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
-  addrinfo* res = nullptr;
-  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
-    return Status::InvalidArgument("heartbeat address '{}': {}", host, ::gai_strerror(rc));
-  }
-  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  NetError error;
+  const int fd = ListenTcp(host, port, {.numeric_host = true, .non_blocking = true, .backlog = 256}, &error);
   if (fd < 0) {
-    ::freeaddrinfo(res);
-    return Status::IOError("socket: {}", std::strerror(errno));
+    if (error.err == -1) return Status::InvalidArgument("heartbeat address: {}", error.why);
+    return Status::IOError("cannot listen for heartbeats on {}:{}: {}", host, port, error.why);
   }
-  const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 256) != 0) {
-    const int e = errno;
-    ::freeaddrinfo(res);
-    ::close(fd);
-    return Status::IOError("cannot listen for heartbeats on {}:{}: {}", host, port, std::strerror(e));
-  }
-  ::freeaddrinfo(res);
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
   std::unique_ptr<HeartbeatServer> s(new HeartbeatServer());
   s->impl_ = std::make_unique<Impl>();
   s->impl_->secret = std::move(secret);
   s->impl_->listen_fd = fd;
-  s->impl_->port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                                                  : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  s->impl_->port = BoundPort(fd);
   return s;
 }
 
@@ -589,7 +498,7 @@ std::vector<HeartbeatServer::Event> HeartbeatServer::Poll(double timeout_s) {
 bool HeartbeatServer::Send(int conn, const json& body) {
   auto it = impl_->conns.find(conn);
   if (it == impl_->conns.end() || !it->second.authenticated) return false;
-  if (!WriteAll(it->second.fd, it->second.session->Seal(body), 1.0)) {
+  if (!SendAllWithin(it->second.fd, it->second.session->Seal(body), 1.0)) {
     impl_->Drop(conn, Event::kClosed, "send failed");
     return false;
   }

@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/net.h"
+#include "base/random.h"
 #include "base/status.h"
 
 namespace tf::monitor {
@@ -44,12 +46,9 @@ class HeartbeatSession {
   uint64_t send_seq_ = 0, recv_seq_ = 0;
 };
 
-// 2n random hex digits from the kernel's generator.
-std::string RandomHex(int n_bytes);
+using ::tf::RandomHex;  // base/random.h
 
-// A TCP connection to host:port (numeric or resolved) within timeout_s: a non-blocking socket with
-// TCP_NODELAY, or -1 with the reason in *error (may be null).
-int ConnectWithin(const std::string& host, int port, double timeout_s, std::string* error);
+using ::tf::ConnectWithin;  // base/net.h
 
 struct HeartbeatClientOptions {
   std::string address;          // "HOST:PORT" of the supervisor

@@ -1,19 +1,16 @@
 #include "monitor/metrics.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include <prometheus/text_serializer.h>
+
+#include "base/clock.h"
 
 namespace tf::monitor {
 namespace {
 
 using json = nlohmann::json;
-
-double NowUnix() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 prometheus::Gauge& NewGauge(prometheus::Registry& reg, const std::string& name, const std::string& help,
                             const prometheus::Labels& labels = {}) {
@@ -33,7 +30,7 @@ json Num(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
 }  // namespace
 
 Monitor::Monitor(RunInfo info)
-    : info_(std::move(info)), started_unix_(NowUnix()), registry_(std::make_shared<prometheus::Registry>()) {
+    : info_(std::move(info)), started_unix_(UnixSeconds()), registry_(std::make_shared<prometheus::Registry>()) {
   prometheus::Registry& reg = *registry_;
   prometheus::BuildGauge()
       .Name("trainflow_run_info")
@@ -129,7 +126,7 @@ Monitor::Monitor(RunInfo info)
 }
 
 void Monitor::RecordStep(const StepRecord& r) {
-  const double now = NowUnix();
+  const double now = UnixSeconds();
   step_->Set(static_cast<double>(r.step));
   step_time_->Set(now);
   loss_->Set(r.loss);
@@ -203,7 +200,7 @@ void Monitor::RecordEval(int64_t step, double loss) {
     p.r.step = step;
     p.r.val_loss = loss;
     p.eval_only = true;
-    p.time_unix = NowUnix();
+    p.time_unix = UnixSeconds();
     points_.push_back(std::move(p));
   }
 }
@@ -239,7 +236,7 @@ void Monitor::AddEvent(const std::string& kind, int64_t step, const std::string&
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Event>& ring = kind == "sample" ? samples_ : events_;
   if (ring.size() >= (kind == "sample" ? kMaxSamples : kMaxEvents)) ring.erase(ring.begin());
-  ring.push_back(Event{next_event_id_++, step, NowUnix(), kind, message});
+  ring.push_back(Event{next_event_id_++, step, UnixSeconds(), kind, message});
 }
 
 void Monitor::SetStatus(const std::string& status) {

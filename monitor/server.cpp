@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "base/env.h"
+#include "base/net.h"
 #include "monitor/assets.h"
 
 namespace tf::monitor {
@@ -166,12 +167,6 @@ int MsLeft(Clock::time_point deadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return ms > 0 ? static_cast<int>(std::min<int64_t>(ms, 1 << 30)) : 0;
 }
-
-// Why binding host:port fails, from the kernel. err: the errno, or -1 when the host does not resolve.
-struct BindFailure {
-  int err = 0;
-  std::string why;
-};
 
 }  // namespace
 
@@ -359,85 +354,14 @@ struct MetricsServer::Impl {
     for (const auto& [k, v] : r.headers) out += fmt::format("{}: {}\r\n", k, v);
     out += "\r\n";
     if (!head_only) out += r.body;
-    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(options.timeout_s);
-    size_t sent = 0;
-    while (sent < out.size()) {
-      const ssize_t n = send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-      if (n > 0) {
-        sent += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno != EAGAIN && errno != EINTR) return;
-      pollfd p{fd, POLLOUT, 0};
-      const int left = MsLeft(deadline);
-      if (left == 0 || poll(&p, 1, left) <= 0) return;  // a reader too slow: give up
-    }
+    (void)SendAllWithin(fd, out, options.timeout_s);  // a reader too slow: given up
   }
 };
 
-namespace {
-
-// Opens a listening socket on host:port (SO_REUSEADDR only: a second process must not share it).
-// Returns the fd, or -1 with *failure set.
-int Listen(const std::string& host, int port, BindFailure* failure) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | AI_PASSIVE;
-  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
-    *failure = {-1, fmt::format("cannot resolve '{}': {}", host, gai_strerror(rc))};
-    return -1;
-  }
-  int fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
-  if (fd < 0) {
-    *failure = {errno, std::strerror(errno)};
-  } else {
-    const int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 64) != 0) {
-      *failure = {errno, std::strerror(errno)};
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(res);
-  return fd;
-}
-
-int BoundPort(int fd) {
-  sockaddr_storage a{};
-  socklen_t len = sizeof(a);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return 0;
-  return a.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port)
-                                 : ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
-}
-
-}  // namespace
-
 Status ParseHostPort(const std::string& text, ServerOptions* options) {
-  std::string host, port;
-  if (!text.empty() && text.front() == '[') {
-    const size_t close = text.find(']');
-    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
-      return Status::InvalidArgument("metrics address '{}' is not [IPv6]:PORT", text);
-    }
-    host = text.substr(1, close - 1);
-    port = text.substr(close + 2);
-  } else {
-    const size_t colon = text.rfind(':');
-    if (colon == std::string::npos) return Status::InvalidArgument("metrics address '{}' is not HOST:PORT", text);
-    host = text.substr(0, colon);
-    port = text.substr(colon + 1);
-    if (host.find(':') != std::string::npos) {
-      return Status::InvalidArgument("metrics address '{}': write an IPv6 host in brackets, [::1]:PORT", text);
-    }
-  }
-  if (host.empty()) host = "127.0.0.1";
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(port) > 65535) {
-    return Status::InvalidArgument("metrics address '{}': the port must be a number from 0 to 65535", text);
-  }
-  options->host = host;
-  options->port = std::stoi(port);
+  TF_ASSIGN_OR_RETURN(const HostPort hp, tf::ParseHostPort(text));
+  options->host = hp.host;
+  options->port = hp.port;
   return Status::OK();
 }
 
@@ -470,9 +394,9 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsSourc
   impl.options = o;
   impl.loopback = IsLoopbackHost(o.host);
   s->host_ = o.host;
-  BindFailure f;
+  NetError f;
   if (o.port == 0) {
-    impl.listen_fd = Listen(o.host, 0, &f);
+    impl.listen_fd = ListenTcp(o.host, 0, {}, &f);
     if (impl.listen_fd < 0) {
       return Status::InvalidArgument("metrics server: cannot bind {}: {}; set metrics_addr to an address of this "
                                      "machine or \"off\"", o.host, f.why);
@@ -482,7 +406,7 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsSourc
     for (int k = 0; k < o.port_tries; ++k) {
       const int port = o.port + k * o.port_stride;
       if (port > 65535) break;
-      impl.listen_fd = Listen(o.host, port, &f);
+      impl.listen_fd = ListenTcp(o.host, port, {}, &f);
       if (impl.listen_fd >= 0) break;
       tried += fmt::format("{}{} ({})", tried.empty() ? "" : ", ", port, f.why);
       if (f.err != EADDRINUSE) {  // the address, not the port: no other port helps

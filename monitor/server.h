@@ -35,8 +35,7 @@ struct ServerOptions {
   int timeout_s = 5;        // read and write timeouts
 };
 
-// "HOST:PORT", "[IPv6]:PORT" or ":PORT" (host 127.0.0.1) into options.host / port. The port is
-// 0..65535. Errors name the text.
+// tf::ParseHostPort (base/net.h) into options.host / port.
 Status ParseHostPort(const std::string& text, ServerOptions* options);
 // The token in `path`: its first line without surrounding whitespace. Empty or unreadable is an
 // error naming the file.

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "base/clock.h"
 #include "base/dynlib.h"
 #include "base/status.h"
 #include "monitor/nvml_api.h"
@@ -50,7 +51,7 @@ double TimespecSeconds(clockid_t clock) {
 // Unix time the process started: /proc/self/stat's starttime (field 22, clock ticks since boot)
 // placed on the wall clock through CLOCK_BOOTTIME; the current time when /proc cannot say.
 double ProcessStartTime() {
-  const double now = TimespecSeconds(CLOCK_REALTIME);
+  const double now = UnixSeconds();
   char buf[2048];
   const ssize_t n = ReadProcFile("/proc/self/stat", buf, sizeof(buf));
   if (n <= 0) return now;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "base/format.h"
 #include "base/json.h"
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
@@ -23,13 +24,6 @@ namespace {
 
 using checkpoint::Listed;
 using checkpoint::Manifest;
-
-std::string Bytes(uint64_t n) {
-  if (n < 1024) return fmt::format("{} B", n);
-  if (n < (uint64_t{1} << 20)) return fmt::format("{:.1f} KiB", n / 1024.0);
-  if (n < (uint64_t{1} << 30)) return fmt::format("{:.1f} MiB", n / double(1 << 20));
-  return fmt::format("{:.2f} GiB", n / double(1 << 30));
-}
 
 uint64_t TotalBytes(const Manifest& m) {
   uint64_t n = 0;
@@ -128,7 +122,7 @@ Status RunCheckpointCommand(const CheckpointCommands& c) {
         const Manifest& m = *l.manifest;
         fmt::print("{:>12}  {:<20}  {:<11}  {:>5}  {:>7}  {:>10}  {:>10}  {:<10}  valid (objects unverified: `verify` "
                    "reads them)\n",
-                   l.step, m.created, m.kind, m.world, m.objects.size(), Bytes(StateBytes(m)), Bytes(OwnBytes(m)),
+                   l.step, m.created, m.kind, m.world, m.objects.size(), FormatBytes(StateBytes(m)), FormatBytes(OwnBytes(m)),
                    DependsOn(m));
       } else {
         const char* what = checkpoint::IsUncommitted(l)            ? "uncommitted"
@@ -222,7 +216,7 @@ Status RunCheckpointCommand(const CheckpointCommands& c) {
     if (s.ok()) s = checkpoint::VerifyCheckpoint(*store, *l.manifest);
     if (s.ok()) {
       fmt::print("step {}: ok ({} objects, {}, checksums match)\n", l.step, l.manifest->objects.size(),
-                 Bytes(TotalBytes(*l.manifest)));
+                 FormatBytes(TotalBytes(*l.manifest)));
     } else {
       fmt::print("step {}: FAILED: {}\n", l.step, s.message());
       if (bad++ == 0) first_problem = s;

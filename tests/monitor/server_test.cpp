@@ -90,24 +90,6 @@ bool Connects(const char* host, int port) {
   return ok;
 }
 
-TEST(ParseHostPortTest, AcceptsAndRejects) {
-  ServerOptions o;
-  ASSERT_TRUE(ParseHostPort("127.0.0.1:9470", &o).ok());
-  EXPECT_EQ(o.host, "127.0.0.1");
-  EXPECT_EQ(o.port, 9470);
-  ASSERT_TRUE(ParseHostPort(":0", &o).ok());
-  EXPECT_EQ(o.host, "127.0.0.1");
-  EXPECT_EQ(o.port, 0);
-  ASSERT_TRUE(ParseHostPort("[::1]:80", &o).ok());
-  EXPECT_EQ(o.host, "::1");
-  ASSERT_TRUE(ParseHostPort("0.0.0.0:9000", &o).ok());
-  for (const char* bad : {"9470", "host:", "host:http", "host:70000", "::1:80", "[::1]80", "h:-1"}) {
-    Status s = ParseHostPort(bad, &o);
-    EXPECT_FALSE(s.ok()) << bad;
-    EXPECT_NE(s.message().find(bad), std::string::npos) << s.message();
-  }
-}
-
 TEST(ReadTokenFileTest, FirstLineTrimmedAndEmptyRejected) {
   const std::string path = ::testing::TempDir() + "/token_" + std::to_string(::getpid());
   std::ofstream(path) << "  s3cret-token \nsecond line\n";
