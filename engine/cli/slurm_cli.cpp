@@ -25,6 +25,7 @@
 #include "base/subprocess.h"
 #include "engine/cli/cli.h"
 #include "engine/cli/launch_cli.h"
+#include "engine/cli/supervisor_flags.h"
 #include "engine/train_config.h"
 #include "launch/heartbeat.h"
 #include "launch/slurm_util.h"
@@ -40,9 +41,8 @@ struct SlurmCommands {
   CLI::App* run = nullptr;
   // Shared by submit (written into the script) and run (what the script passes on).
   std::string dir, group, heartbeat_addr, srun = "srun";
-  int ranks_per_node = 0, gpus_per_node = 0, min_nodes = 0, requeue_budget = 10, max_restarts = 10,
-      quarantine_after = 2;
-  double heartbeat_interval = 1.0, startup_timeout = 300, late_timeout = 60;
+  int ranks_per_node = 0, gpus_per_node = 0, min_nodes = 0, requeue_budget = 10;
+  SupervisorFlags supervisor;
   std::vector<std::string> srun_args;
   std::vector<std::string> command;
   // submit only
@@ -183,22 +183,7 @@ void AddRunOptions(CLI::App* a, SlurmCommands* c) {
                 "Most requeues and resubmissions of the job (time limits, preemptions, bad nodes)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  a->add_option("--max-restarts", c->max_restarts, "Restarts after failures within the job")
-      ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
-  a->add_option("--quarantine-after", c->quarantine_after, "Failures of a node (within an hour) that isolate it")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  a->add_option("--heartbeat-interval", c->heartbeat_interval, "Seconds between the ranks' heartbeats")
-      ->check(FiniteRange(0.05, 60.0))
-      ->capture_default_str();
-  a->add_option("--late-timeout", c->late_timeout,
-                "Seconds of silence before a rank that is alive and reachable counts as failed")
-      ->check(FiniteRange(0.1, 1e6))
-      ->capture_default_str();
-  a->add_option("--startup-timeout", c->startup_timeout, "Seconds for every rank to start")
-      ->check(FiniteRange(1, 1e6))
-      ->capture_default_str();
+  AddSupervisorFlags(a, &c->supervisor);
   a->add_option("--heartbeat-addr", c->heartbeat_addr,
                 "Address of this node the other nodes reach (default: the node's NodeAddr; 127.0.0.1 on one node)");
   a->add_option("--group", c->group, "Also let this group read the job's outputs (default: owner only)");
@@ -293,6 +278,8 @@ int RunSubmit(const SlurmCommands& c) {
   TrainConfig train;
   // A bad configuration stops here, before anything is queued.
   if (Status s = ResolveTrainCommand(c.command, &model, &train); !s.ok()) return Fail(s);
+  launch::LaunchOptions checked;
+  if (Status s = ApplySupervisorFlags(c.supervisor, &checked); !s.ok()) return Fail(s);
   if (c.nodes < 1) return Fail(Status::InvalidArgument("--nodes {}: at least 1", c.nodes));
   const int ranks_per_node = c.ranks_per_node > 0 ? c.ranks_per_node : std::max(1, c.gpus_per_node);
   if (c.gpus_per_node > 0 && ranks_per_node > c.gpus_per_node) {
@@ -376,11 +363,9 @@ int RunSubmit(const SlurmCommands& c) {
   if (c.ranks_per_node > 0) run.insert(run.end(), {"--ranks-per-node", std::to_string(c.ranks_per_node)});
   if (c.gpus_per_node > 0) run.insert(run.end(), {"--gpus-per-node", std::to_string(c.gpus_per_node)});
   if (c.min_nodes > 0) run.insert(run.end(), {"--min-nodes", std::to_string(c.min_nodes)});
-  run.insert(run.end(), {"--requeue-budget", std::to_string(c.requeue_budget), "--max-restarts",
-                         std::to_string(c.max_restarts), "--quarantine-after", std::to_string(c.quarantine_after)});
-  if (c.heartbeat_interval != 1.0) run.insert(run.end(), {"--heartbeat-interval", fmt::format("{}", c.heartbeat_interval)});
-  if (c.startup_timeout != 300) run.insert(run.end(), {"--startup-timeout", fmt::format("{}", c.startup_timeout)});
-  if (c.late_timeout != 60) run.insert(run.end(), {"--late-timeout", fmt::format("{}", c.late_timeout)});
+  run.insert(run.end(), {"--requeue-budget", std::to_string(c.requeue_budget)});
+  const std::vector<std::string> supervisor = SupervisorFlagArgs(c.supervisor);
+  run.insert(run.end(), supervisor.begin(), supervisor.end());
   if (!c.heartbeat_addr.empty()) run.insert(run.end(), {"--heartbeat-addr", c.heartbeat_addr});
   if (!c.group.empty()) run.insert(run.end(), {"--group", c.group});
   if (c.srun != "srun") run.insert(run.end(), {"--srun", c.srun});
@@ -556,14 +541,10 @@ int RunInAllocation(const SlurmCommands& c) {
   }
 
   launch::LaunchOptions o;
+  if (Status s = ApplySupervisorFlags(c.supervisor, &o); !s.ok()) return Fail(s);
   o.hosts = hosts;
   o.min_ranks = c.min_nodes > 0 ? std::min(total, c.min_nodes * fewest) : total;
-  o.max_restarts = c.max_restarts;
-  o.heartbeat_interval_s = c.heartbeat_interval;
-  o.late_timeout_s = c.late_timeout;
   o.heartbeat_host = HeartbeatHost(c, hosts.size());
-  o.startup_timeout_s = c.startup_timeout;
-  o.quarantine.max_failures = c.quarantine_after;
   o.state_dir = dir + "/launch";
   o.group_readable = !c.group.empty();
   o.launcher = "srun";
@@ -705,6 +686,7 @@ int RunInAllocation(const SlurmCommands& c) {
 
 std::shared_ptr<SlurmCommands> AddSlurmCommands(CLI::App& app) {
   auto c = std::make_shared<SlurmCommands>();
+  c->supervisor.quarantine_after = 2;  // a Slurm node is isolated after 2 failures, not 3 (docs/slurm.md)
   auto* slurm = app.add_subcommand("slurm", "Run training jobs on a Slurm cluster (docs/slurm.md)");
   c->slurm = slurm;
   // An unknown word lands here (and is refused by name) instead of CLI11's "A subcommand is required".
