@@ -5,12 +5,9 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
-#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -69,35 +66,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
   if (options.distributed) {
     TF_ASSIGN_OR_RETURN(t->topology_, comm::InitProcessGroup());
   }
-  if (const char* hang = std::getenv("TRAINFLOW_TEST_HANG_AT")) {
-    // RANK:STEP[:FILE]: with FILE, only once (the file is created when the hang begins).
-    int rank = -1;
-    long long at = 0;
-    int used = 0;
-    if (std::sscanf(hang, "%d:%lld%n", &rank, &at, &used) != 2 || rank < 0 || at < 1 ||
-        (hang[used] != '\0' && hang[used] != ':')) {
-      return Status::InvalidArgument("TRAINFLOW_TEST_HANG_AT='{}': expected RANK:STEP[:FILE]", hang);
-    }
-    t->hang_marker_ = hang[used] == ':' ? std::string(hang + used + 1) : "";
-    if (rank == t->topology_.rank && (t->hang_marker_.empty() || ::access(t->hang_marker_.c_str(), F_OK) != 0)) {
-      t->hang_at_step_ = at;
-    }
-  }
-  // Test hooks of the Slurm tests (a bad node's tasks fail; jobs slow enough to interrupt).
-  for (const char* name : {"TRAINFLOW_TEST_FAIL_AT_STEP", "TRAINFLOW_TEST_STEP_DELAY_MS"}) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') continue;
-    char* end = nullptr;
-    const long long n = std::strtoll(v, &end, 10);
-    if (*end != '\0' || n < 1 || n > 1000000000) {
-      return Status::InvalidArgument("{}='{}': expected a whole number >= 1", name, v);
-    }
-    if (std::strcmp(name, "TRAINFLOW_TEST_FAIL_AT_STEP") == 0) {
-      t->fail_at_step_ = n;
-    } else {
-      t->step_delay_ms_ = static_cast<int>(std::min<long long>(n, 60000));
-    }
-  }
+  if (options.faults != nullptr) TF_RETURN_IF_ERROR(options.faults->Start(t->topology_.rank));
   const comm::Topology& topo = t->topology_;
   if (topo.world > 1) {
     // Every rank must run the same job: compare configs before anything else talks.
@@ -337,18 +306,7 @@ StatusOr<StepStats> Trainer::Step() {
     // Gradient accumulation: only the last micro-step's backward produces final gradients.
     reduce_now_ = micro == accum - 1;
     SetPhase(Phase::kCompute);
-    if (fail_at_step_ > 0 && step + 1 >= fail_at_step_) {
-      spdlog::warn("TRAINFLOW_TEST_FAIL_AT_STEP: rank {} kills itself in step {}", topology_.rank, step + 1);
-      std::fflush(stdout);
-      ::raise(SIGKILL);
-    }
-    if (step_delay_ms_ > 0 && micro == 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
-    if (hang_at_step_ == step + 1) {
-      // A test hook (TRAINFLOW_TEST_HANG_AT): this rank hangs in the forward pass, heartbeating.
-      spdlog::warn("TRAINFLOW_TEST_HANG_AT: rank {} hangs in step {}", topology_.rank, step + 1);
-      if (!hang_marker_.empty()) (void)env_->WriteFileAtomically(hang_marker_, "hung\n");
-      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
+    if (options_.faults != nullptr) options_.faults->BeforeForward(step + 1, micro);
     TF_RETURN_IF_ERROR(backend_->ForwardBackwardAccumulate(inputs_.data(), targets_.data(), config_.batch_size,
                                                            config_.seq_len, 1.0f / static_cast<float>(accum)));
   }

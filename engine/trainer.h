@@ -27,6 +27,7 @@
 #include "engine/anomaly_guard.h"
 #include "engine/checkpointing.h"
 #include "engine/data/data_loader.h"
+#include "engine/fault_injection.h"
 #include "engine/train_backend.h"
 #include "engine/train_config.h"
 #include "engine/train_state.h"
@@ -101,6 +102,8 @@ class Trainer {
     // Tests: this rank's loss reads as NaN at the step that reads the data of step N (1-based; the
     // step itself until a rollback skips data), as if that batch made the forward pass overflow.
     int64_t inject_nan_loss_at_step = 0;
+    // Tests of the supervisor: faults injected at defined points of the step (nullptr: none).
+    std::shared_ptr<FaultInjection> faults = nullptr;
   };
   // Validates the run, loads data (and the tokenizer if samples are wanted), checks out_dir, and
   // initialises, imports (init_from) or resumes (resume_state) the weights. Errors name the key or file.
@@ -238,10 +241,6 @@ class Trainer {
   std::vector<double> reduce_buf_;  // the step's reduction
   std::optional<AnomalyGuard> guard_;
   int consecutive_skips_ = 0;
-  int64_t hang_at_step_ = 0;  // TRAINFLOW_TEST_HANG_AT (tests of the supervisor): hang in this step
-  std::string hang_marker_;   // ... once: created when the hang begins
-  int64_t fail_at_step_ = 0;  // TRAINFLOW_TEST_FAIL_AT_STEP: SIGKILL itself when starting this step or a later one
-  int step_delay_ms_ = 0;     // TRAINFLOW_TEST_STEP_DELAY_MS: sleep this long in every step (slow jobs for tests)
   int rollbacks_ = 0;
   std::string run_id_;
   std::vector<int64_t> extended_at_;  // steps where `extend` began a new trajectory

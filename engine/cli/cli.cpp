@@ -31,6 +31,7 @@
 #include "engine/cli/launch_cli.h"
 #include "engine/cli/rescue_target.h"
 #include "engine/cli/slurm_cli.h"
+#include "engine/cli/test_faults.h"
 #include "engine/data/data_loader.h"
 #include "engine/data/prepare.h"
 #include "engine/run_report.h"
@@ -295,7 +296,7 @@ int CmdTrain(const std::string& model_path, const std::string& train_path, const
       Env::Default()->CreateDirs(train.out_dir).ok()) {
     console = ConsoleCopy::Start(train.out_dir + "/train.log");
   }
-  auto trainer = Trainer::Create(model, train, Trainer::Options{});
+  auto trainer = Trainer::Create(model, train, Trainer::Options{.faults = TestFaults()});
   if (!trainer.ok()) return fail(nullptr, trainer.status());
   auto result = (*trainer)->Run();
   if (!result.ok()) return fail(trainer->get(), result.status());

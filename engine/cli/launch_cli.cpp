@@ -14,6 +14,7 @@
 
 #include "base/env.h"
 #include "engine/cli/cli.h"
+#include "engine/cli/supervisor_flags.h"
 #include "engine/train_config.h"
 #include "launch/heartbeat.h"
 #include "launch/supervisor.h"
@@ -28,10 +29,9 @@ struct LaunchCommands {
   CLI::App* health = nullptr;
   std::string hostfile, state_dir, heartbeat_addr, health_command, mpirun = "mpirun", mpirun_args, rsh_agent;
   std::string metrics_addr = "127.0.0.1:9460";
-  int np = 0, min_ranks = 1, max_ranks = 0, max_restarts = 10, quarantine_after = 3;
-  double heartbeat_interval = 1.0, quarantine_window = 3600, health_interval = 30, startup_timeout = 300,
-         rescue_timeout = 60, backoff_max = 60, backoff_reset = 30, late_timeout = 60;
-  std::string hang_timeouts;
+  int np = 0, min_ranks = 1, max_ranks = 0;
+  double health_interval = launch::LaunchOptions{}.health_interval_s;
+  SupervisorFlags supervisor;
   std::vector<std::string> command;
   bool status = false, json = false;
   // health
@@ -50,40 +50,6 @@ std::string SelfExe() {
   std::error_code ec;
   const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
   return ec ? std::string("trainflow") : p.string();
-}
-
-Status ParseHangTimeouts(const std::string& list, LaunchOptions* o) {
-  std::vector<std::string> specs;
-  std::stringstream ss(list);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) specs.push_back(item);
-  }
-  for (const std::string& spec : specs) {
-    const size_t eq = spec.find('=');
-    const std::string name = eq == std::string::npos ? "" : spec.substr(0, eq);
-    const std::string value = eq == std::string::npos ? spec : spec.substr(eq + 1);
-    char* end = nullptr;
-    const double s = std::strtod(value.c_str(), &end);
-    if (value.empty() || end == value.c_str() || *end != '\0' || !(s > 0 && s <= 1e6)) {
-      return Status::InvalidArgument("--hang-timeout '{}': expected [PHASE=]SECONDS with 0 < SECONDS <= 1e6", spec);
-    }
-    if (eq != std::string::npos && name.empty()) {
-      return Status::InvalidArgument("--hang-timeout '{}': a phase name before '='", spec);
-    }
-    if (name.empty()) {
-      // Every phase of the step loop.
-      for (Phase p : {Phase::kData, Phase::kCompute, Phase::kCommunication, Phase::kOptimizer}) o->hang_timeouts[p] = s;
-      continue;
-    }
-    Phase p;
-    if (!ParsePhase(name, &p)) {
-      std::string names;
-      for (int i = 0; i < kNumPhases; ++i) names += fmt::format("{}{}", i ? ", " : "", PhaseName(static_cast<Phase>(i)));
-      return Status::InvalidArgument("--hang-timeout '{}': unknown phase '{}' (phases: {})", spec, name, names);
-    }
-    o->hang_timeouts[p] = s;
-  }
-  return Status::OK();
 }
 
 int Fail(const Status& s) {
@@ -157,20 +123,7 @@ int RunLaunch(const LaunchCommands& c) {
   if (o.max_ranks > 0 && o.max_ranks < o.min_ranks) {
     return Fail(Status::InvalidArgument("--max-ranks {} < --min-ranks {}", o.max_ranks, o.min_ranks));
   }
-  o.max_restarts = c.max_restarts;
-  o.heartbeat_interval_s = c.heartbeat_interval;
-  o.late_timeout_s = c.late_timeout;
-  if (o.late_timeout_s < 2 * o.heartbeat_interval_s) {
-    return Fail(Status::InvalidArgument("--late-timeout {} s is shorter than two heartbeat intervals ({} s)",
-                                        o.late_timeout_s, 2 * o.heartbeat_interval_s));
-  }
-  if (Status s = ParseHangTimeouts(c.hang_timeouts, &o); !s.ok()) return Fail(s);
-  o.startup_timeout_s = c.startup_timeout;
-  o.rescue_timeout_s = c.rescue_timeout;
-  o.quarantine.max_failures = c.quarantine_after;
-  o.quarantine.window_s = c.quarantine_window;
-  o.backoff.max_s = c.backoff_max;
-  o.backoff.reset_after_s = c.backoff_reset;
+  if (Status s = ApplySupervisorFlags(c.supervisor, &o); !s.ok()) return Fail(s);
   o.health_command = c.health_command;
   o.health_interval_s = c.health_interval;
   o.mpirun = c.mpirun;
@@ -292,42 +245,14 @@ std::shared_ptr<LaunchCommands> AddLaunchCommands(CLI::App& app) {
   l->add_option("--min-ranks", c->min_ranks, "Fewest ranks to continue with")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   l->add_option("--max-ranks", c->max_ranks, "Most ranks (default: every slot; the global batch is this many ranks')")
       ->check(CLI::Range(1, 1 << 20));
-  l->add_option("--max-restarts", c->max_restarts, "Restart budget")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   l->add_option("--state-dir", c->state_dir, "The supervisor's state (default: OUT_DIR/launch)");
-  l->add_option("--heartbeat-interval", c->heartbeat_interval, "Seconds between heartbeats (a dead rank is found within two)")
-      ->check(FiniteRange(0.05, 60.0))
-      ->capture_default_str();
-  l->add_option("--late-timeout", c->late_timeout,
-                "Seconds of silence before a rank that is alive and reachable (late: a loaded or paused machine) "
-                "counts as failed; lateness never counts towards a quarantine")
-      ->check(FiniteRange(0.1, 1e6))
-      ->capture_default_str();
+  AddSupervisorFlags(l, &c->supervisor);
   l->add_option("--heartbeat-addr", c->heartbeat_addr,
                 "HOST[:PORT] the ranks reach the supervisor at (default 127.0.0.1 when every host is this machine)");
-  l->add_option("--hang-timeout", c->hang_timeouts,
-                "[PHASE=]SECONDS[,...] without progress before a rank counts as hung (no PHASE: the step's "
-                "phases), e.g. 30 or compute=60,checkpoint=900; defaults in docs/fault-tolerance.md")
-;
-  l->add_option("--startup-timeout", c->startup_timeout, "Seconds for every rank to start")
-      ->check(FiniteRange(1, 1e6))
-      ->capture_default_str();
-  l->add_option("--rescue-timeout", c->rescue_timeout, "Seconds for a survivor to save its state")
-      ->check(FiniteRange(1, 1e6))
-      ->capture_default_str();
-  l->add_option("--quarantine-after", c->quarantine_after, "Failures of a host within the window that quarantine it")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  l->add_option("--quarantine-window", c->quarantine_window, "Seconds")->check(FiniteRange(1, 1e9))->capture_default_str();
   l->add_option("--health-check", c->health_command,
                 "Shell command run on a quarantined host (with `trainflow health`); exit 0 readmits it");
   l->add_option("--health-interval", c->health_interval, "Seconds between health checks")
       ->check(FiniteRange(0.1, 1e6))
-      ->capture_default_str();
-  l->add_option("--backoff-max", c->backoff_max, "Longest wait before a restart (seconds)")
-      ->check(FiniteRange(0, 1e6))
-      ->capture_default_str();
-  l->add_option("--backoff-reset", c->backoff_reset, "A job healthy this long resets the backoff (seconds)")
-      ->check(FiniteRange(0, 1e6))
       ->capture_default_str();
   l->add_option("--mpirun", c->mpirun, "The launcher")->capture_default_str();
   l->add_option("--mpirun-args", c->mpirun_args, "Extra mpirun arguments, space-separated (MCA settings)");

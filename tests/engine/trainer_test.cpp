@@ -3,16 +3,22 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <tuple>
 #include <map>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "base/fault_env.h"
+#include "engine/cli/test_faults.h"
 #include "engine/data/token_file.h"
+#include "engine/fault_injection.h"
 #include "engine/trainer.h"
+#include "tests/test_dir.h"
 
 namespace tf {
 namespace {
@@ -232,6 +238,81 @@ TEST_F(TrainerTest, CudaOnlyOptionsOnCpuAreNamedAsIgnored) {
   EXPECT_NE(out.find("attention \"cudnn\", recompute 2, gelu_fusion -1, fuse_residual true apply to the CUDA backend only"),
             std::string::npos)
       << out;
+}
+
+// Records where the trainer calls it.
+class RecordingFaults : public FaultInjection {
+ public:
+  Status Start(int rank) override {
+    starts.push_back(rank);
+    return start_status;
+  }
+  void BeforeForward(int64_t step, int micro) override { calls.emplace_back(step, micro); }
+  Status start_status = Status::OK();
+  std::vector<int> starts;
+  std::vector<std::pair<int64_t, int>> calls;
+};
+
+TEST_F(TrainerTest, FaultInjectionIsCalledOnceAtStartAndBeforeEveryForwardPass) {
+  TrainConfig t = train_;
+  t.max_steps = 2;
+  t.grad_accum_steps = 2;
+  t.eval_batches = 0;
+  t.val_data = "";
+  auto faults = std::make_shared<RecordingFaults>();
+  auto trainer = Trainer::Create(
+      model_, t, Trainer::Options{.print_progress = false, .write_outputs = false, .evaluate = false, .faults = faults});
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  EXPECT_EQ(faults->starts, std::vector<int>{0});
+  ASSERT_TRUE((*trainer)->Run().ok());
+  EXPECT_EQ(faults->calls, (std::vector<std::pair<int64_t, int>>{{1, 0}, {1, 1}, {2, 0}, {2, 1}}));
+
+  auto refusing = std::make_shared<RecordingFaults>();
+  refusing->start_status = Status::InvalidArgument("no faults today");
+  auto refused = Trainer::Create(model_, t, Trainer::Options{.print_progress = false, .write_outputs = false,
+                                                             .faults = refusing});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(), "no faults today");
+}
+
+TEST(TestFaultsTest, TheEnvironmentVariablesAreReadAndCheckedOutsideTheTrainer) {
+  std::map<std::string, std::string> vars;
+  auto from = [&vars](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+  EXPECT_EQ(TestFaults(from), nullptr) << "nothing set: no fault injection";
+  for (const auto& [name, value, want] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"TRAINFLOW_TEST_HANG_AT", "x", "TRAINFLOW_TEST_HANG_AT='x': expected RANK:STEP[:FILE]"},
+           {"TRAINFLOW_TEST_HANG_AT", "1:0", "TRAINFLOW_TEST_HANG_AT='1:0'"},
+           {"TRAINFLOW_TEST_HANG_AT", "1:2x", "TRAINFLOW_TEST_HANG_AT='1:2x'"},
+           {"TRAINFLOW_TEST_FAIL_AT_STEP", "0", "TRAINFLOW_TEST_FAIL_AT_STEP='0': expected a whole number >= 1"},
+           {"TRAINFLOW_TEST_STEP_DELAY_MS", "5ms", "TRAINFLOW_TEST_STEP_DELAY_MS='5ms'"}}) {
+    vars = {{name, value}};
+    auto f = TestFaults(from);
+    ASSERT_NE(f, nullptr) << name;
+    const Status s = f->Start(0);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << name << "=" << value;
+    EXPECT_NE(s.message().find(want), std::string::npos) << s.ToString();
+  }
+  // A hang for another rank, or one whose marker file exists, never happens here; a delay does.
+  testing_util::TestDir tmp("test_faults");
+  const std::string marker = tmp.path() + "/hung";
+  std::ofstream(marker) << "hung\n";
+  vars = {{"TRAINFLOW_TEST_HANG_AT", "1:1"}, {"TRAINFLOW_TEST_STEP_DELAY_MS", "30"}};
+  auto f = TestFaults(from);
+  ASSERT_TRUE(f->Start(0).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  f->BeforeForward(1, 0);
+  f->BeforeForward(1, 1);
+  const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(ms, 30);
+  EXPECT_LT(ms, 1000) << "the delay is once per step";
+  vars = {{"TRAINFLOW_TEST_HANG_AT", "0:1:" + marker}};
+  f = TestFaults(from);
+  ASSERT_TRUE(f->Start(0).ok());
+  f->BeforeForward(1, 0);  // the marker exists: this rank already hung once
 }
 
 }  // namespace

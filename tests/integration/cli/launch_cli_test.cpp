@@ -5,6 +5,7 @@
 // runs, and leave nothing behind.
 #include <sys/stat.h>
 
+#include "engine/cli/supervisor_flags.h"
 #include "tests/integration/cli_fixture.h"
 #include "tests/test_net.h"
 
@@ -225,6 +226,87 @@ TEST_F(LaunchCli, AnUnknownSlurmCommandIsNamed) {
   EXPECT_NE(r.err.find("unknown slurm command 'frobnicate'"), std::string::npos) << r;
   const RunResult none = Run({"slurm"});
   EXPECT_EQ(none.exit_code, 2) << none;
+}
+
+TEST_F(LaunchCli, SlurmTakesTheSupervisorFlagsOfLaunchAndPassesThemOn) {
+  // The script's command as one line (it breaks long lines with " \\\n   ").
+  auto flat = [](std::string s) {
+    for (size_t at; (at = s.find(" \\\n   ")) != std::string::npos;) s.erase(at, 6);
+    return s;
+  };
+  const RunResult defaults = Submit({"--dry-run"});
+  ASSERT_EQ(defaults.exit_code, 0) << defaults;
+  EXPECT_NE(flat(defaults.out).find("--requeue-budget 10 --max-restarts 10 --quarantine-after 2 "), std::string::npos)
+      << defaults;
+  EXPECT_EQ(defaults.out.find("--late-timeout"), std::string::npos) << "defaults are not repeated\n" << defaults;
+  const RunResult r = Submit({"--dry-run", "--rescue-timeout", "90", "--hang-timeout", "compute=60", "--backoff-max",
+                              "5", "--late-timeout", "30"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  for (const std::string part : {"--late-timeout 30", "--hang-timeout compute=60", "--rescue-timeout 90",
+                                 "--backoff-max 5"}) {
+    EXPECT_NE(flat(r.out).find(part), std::string::npos) << part << "\n" << r;
+  }
+  const RunResult bad = Submit({"--dry-run", "--hang-timeout", "nope=5"});
+  EXPECT_EQ(bad.exit_code, 2) << bad;
+  EXPECT_NE(bad.err.find("unknown phase 'nope'"), std::string::npos) << bad;
+}
+
+// ---- the supervisor's flags, without the binary ----------------------------------------------------
+
+TEST(SupervisorFlagsTest, DefaultsAreTheSupervisorsAndRenderedFlagsParseBack) {
+  const launch::LaunchOptions d;
+  const SupervisorFlags f;
+  EXPECT_EQ(f.max_restarts, d.max_restarts);
+  EXPECT_EQ(f.quarantine_after, d.quarantine.max_failures);
+  EXPECT_EQ(f.late_timeout_s, d.late_timeout_s);
+  EXPECT_EQ(f.backoff_reset_s, d.backoff.reset_after_s);
+  EXPECT_EQ(SupervisorFlagArgs(f), (std::vector<std::string>{"--max-restarts", std::to_string(d.max_restarts),
+                                                             "--quarantine-after",
+                                                             std::to_string(d.quarantine.max_failures)}));
+  SupervisorFlags given;
+  CLI::App app;
+  AddSupervisorFlags(&app, &given);
+  app.parse("--max-restarts 4 --heartbeat-interval 0.5 --late-timeout 7.5 --hang-timeout 30,compute=60 "
+            "--startup-timeout 20 --rescue-timeout 9 --quarantine-after 1 --quarantine-window 60 --backoff-max 2 "
+            "--backoff-reset 3",
+            false);
+  const std::vector<std::string> words = SupervisorFlagArgs(given);
+  SupervisorFlags back;
+  CLI::App again;
+  AddSupervisorFlags(&again, &back);
+  std::vector<std::string> reversed(words.rbegin(), words.rend());
+  again.parse(reversed);
+  EXPECT_EQ(SupervisorFlagArgs(back), words);
+  launch::LaunchOptions o;
+  ASSERT_TRUE(ApplySupervisorFlags(back, &o).ok());
+  EXPECT_EQ(o.max_restarts, 4);
+  EXPECT_EQ(o.heartbeat_interval_s, 0.5);
+  EXPECT_EQ(o.late_timeout_s, 7.5);
+  EXPECT_EQ(o.hang_timeouts.at(Phase::kData), 30);
+  EXPECT_EQ(o.hang_timeouts.at(Phase::kCompute), 60);
+  EXPECT_EQ(o.startup_timeout_s, 20);
+  EXPECT_EQ(o.rescue_timeout_s, 9);
+  EXPECT_EQ(o.quarantine.max_failures, 1);
+  EXPECT_EQ(o.quarantine.window_s, 60);
+  EXPECT_EQ(o.backoff.max_s, 2);
+  EXPECT_EQ(o.backoff.reset_after_s, 3);
+}
+
+TEST(SupervisorFlagsTest, ApplyRefusesALateTimeoutUnderTwoIntervalsAndABadHangTimeout) {
+  SupervisorFlags f;
+  f.heartbeat_interval_s = 1;
+  f.late_timeout_s = 1.5;
+  launch::LaunchOptions o;
+  Status s = ApplySupervisorFlags(f, &o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--late-timeout 1.5 s is shorter than two"), std::string::npos) << s.ToString();
+  f.late_timeout_s = 60;
+  for (const std::string bad : {"0", "x", "=5", "compute=", "nope=5", "2e6"}) {
+    f.hang_timeouts = bad;
+    s = ApplySupervisorFlags(f, &o);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--hang-timeout"), std::string::npos) << s.ToString();
+  }
 }
 
 }  // namespace
