@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 namespace tf {
@@ -63,6 +64,12 @@ int RunCommand(const std::vector<std::string>& argv, double timeout_s, std::stri
   }
   ::close(pipefd[0]);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+std::string SelfExecutable(const std::string& fallback) {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? fallback : exe.string();
 }
 
 }  // namespace tf

@@ -16,4 +16,7 @@ namespace tf {
 // group is killed), -2 when it could not be started.
 int RunCommand(const std::vector<std::string>& argv, double timeout_s, std::string* output);
 
+// The path of the running binary (/proc/self/exe); `fallback` when the system cannot say.
+std::string SelfExecutable(const std::string& fallback);
+
 }  // namespace tf

@@ -18,8 +18,12 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/clock.h"
 #include "base/env.h"
+#include "base/format.h"
 #include "base/json.h"
+#include "base/net.h"
+#include "base/random.h"
 #include "base/status.h"
 #include "base/subprocess.h"
 #include "launch/heartbeat.h"
@@ -48,25 +52,6 @@ void Say(const std::string& line) {
   std::fflush(stdout);
 }
 
-std::string UtcNow(const char* format) {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof(buf), format, &tm);
-  return buf;
-}
-
-double EpochSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string SelfExe() {
-  std::error_code ec;
-  const auto exe = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("trainflow") : exe.string();
-}
-
 std::string UserName() {
   if (const passwd* pw = ::getpwuid(::geteuid()); pw != nullptr) return pw->pw_name;
   return std::to_string(::geteuid());
@@ -93,16 +78,6 @@ bool HasOption(const std::vector<std::string>& args, const std::string& flag) {
     if (a == flag || a.starts_with(flag + "=")) return true;
   }
   return false;
-}
-
-std::string HumanBytes(double b) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
-  int u = 0;
-  while (b >= 1000 && u < 5) {
-    b /= 1000;
-    ++u;
-  }
-  return fmt::format("{:.{}f} {}", b, u == 0 ? 0 : 1, units[u]);
 }
 
 struct Directive {
@@ -201,11 +176,7 @@ std::string HeartbeatHost(const JobOptions& o, const Allocation& a, size_t nodes
   if (!addr.empty() && RunCommand({"scontrol", "show", "node", addr, "-o"}, 30.0, &out) == 0) {
     if (const std::string found = Field(out, "NodeAddr"); !found.empty()) addr = found;
   }
-  if (addr.empty()) {
-    char name[256] = {};
-    ::gethostname(name, sizeof(name) - 1);
-    addr = name;
-  }
+  if (addr.empty()) addr = HostName();
   addrinfo hints{};
   hints.ai_family = AF_INET;
   addrinfo* res = nullptr;
@@ -268,11 +239,11 @@ int ResubmitWithout(const JobOptions& o, const Allocation& a, const launch::Supe
 SubmitContext SubmitContext::Here() {
   SubmitContext c;
   std::error_code ec;
-  c.trainflow = SelfExe();
+  c.trainflow = SelfExecutable("trainflow");
   c.cwd = fs::current_path(ec).string();
   c.user = UserName();
-  c.now_utc = UtcNow("%Y-%m-%dT%H:%M:%SZ");
-  c.stamp_utc = UtcNow("%Y%m%d-%H%M%S");
+  c.now_utc = FormatUtc(UnixSeconds(), "%Y-%m-%dT%H:%M:%SZ");
+  c.stamp_utc = FormatUtc(UnixSeconds(), "%Y%m%d-%H%M%S");
   return c;
 }
 
@@ -526,7 +497,7 @@ launch::LaunchOptions JobLaunchOptions(const JobOptions& jo, const TrainJob& tra
   }
   o.slurm_job_id = a.job_id;
   o.wait_for_hosts = false;
-  o.trainflow = SelfExe();
+  o.trainflow = SelfExecutable("trainflow");
   std::vector<std::string> train_args = train.args;
   if (train.metrics_addr_default) train_args.insert(train_args.end(), {"--metrics_addr", "127.0.0.1:0"});
   if (!train.metrics_token_file_set && train.metrics_enabled) {
@@ -564,7 +535,7 @@ StatusOr<int> RunInAllocation(const JobOptions& jo, const TrainJob& train, const
     token = text->substr(0, text->find_first_of(" \t\r\n"));
   }
   if (token.size() < 32) {
-    token = monitor::RandomHex(32);
+    token = RandomHex(32);
     TF_RETURN_IF_ERROR(WriteJobFile(token_path, token + "\n", jo.group));
   }
   const launch::LaunchOptions o = JobLaunchOptions(jo, train, a, hosts, supervisor, token);
@@ -574,13 +545,13 @@ StatusOr<int> RunInAllocation(const JobOptions& jo, const TrainJob& train, const
   record.job_id = job_id;
   record.run = a.requeues + 1;
   record.nodes = a.nodelist;
-  record.started = EpochSeconds();
+  record.started = UnixSeconds();
   launch::SupervisorOutcome out;
   const int code = launch::RunSupervisor(o, &out);
 
   // What the job used, for teams on a budget: usage.json (totals and every run) and the log.
   const launch::ResourceUsage& u = out.usage;
-  record.ended = EpochSeconds();
+  record.ended = UnixSeconds();
   record.outcome = out.reason;
   record.exit_code = code;
   record.final_step = out.final_step;
@@ -588,7 +559,7 @@ StatusOr<int> RunInAllocation(const JobOptions& jo, const TrainJob& train, const
   Say(fmt::format("usage so far: {:.4f} node-hours, {:.4f} GPU-hours, {} tokens trained, {} of checkpoints, {} "
                   "restart{}, {} requeue{} ({}/usage.json)",
                   u.node_seconds / 3600.0, u.gpu_seconds / 3600.0, u.tokens,
-                  HumanBytes(static_cast<double>(u.checkpoint_bytes)), u.restarts, u.restarts == 1 ? "" : "s",
+                  FormatBytes(static_cast<uint64_t>(u.checkpoint_bytes)), u.restarts, u.restarts == 1 ? "" : "s",
                   u.requeues, u.requeues == 1 ? "" : "s", dir));
 
   const bool budget_left = a.requeues < jo.requeue_budget;

@@ -13,13 +13,13 @@
 #include <spdlog/spdlog.h>
 
 #include "base/env.h"
+#include "base/net.h"
+#include "base/subprocess.h"
 #include "engine/cli/cli.h"
 #include "engine/cli/supervisor_flags.h"
 #include "engine/train_config.h"
-#include "launch/heartbeat.h"
 #include "launch/supervisor.h"
 #include "model/config.h"
-#include "monitor/server.h"
 #include "monitor/system_metrics.h"
 
 namespace tf {
@@ -45,12 +45,6 @@ struct LaunchCommands {
 namespace {
 
 using launch::LaunchOptions;
-
-std::string SelfExe() {
-  std::error_code ec;
-  const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("trainflow") : p.string();
-}
 
 int Fail(const Status& s) {
   spdlog::error("{}", s.ToString());
@@ -132,7 +126,7 @@ int RunLaunch(const LaunchCommands& c) {
   for (std::string w; words >> w;) o.mpirun_args.push_back(w);
   o.rsh_agent = c.rsh_agent;
   o.metrics_addr = c.metrics_addr;
-  o.trainflow = SelfExe();
+  o.trainflow = SelfExecutable("trainflow");
   o.global_rows = int64_t{train.batch_size} * train.grad_accum_steps * std::max(1, launch::TotalSlots(o.hosts));
   if (o.max_ranks > 0) o.global_rows = int64_t{train.batch_size} * train.grad_accum_steps * o.max_ranks;
   o.max_batch_size = train.batch_size;
@@ -148,10 +142,9 @@ int RunLaunch(const LaunchCommands& c) {
     // HOST, HOST:PORT or [IPv6]:PORT; no port: any free one.
     const bool bare = c.heartbeat_addr.find(':') == std::string::npos ||
                       (c.heartbeat_addr.find(':') != c.heartbeat_addr.rfind(':') && !c.heartbeat_addr.starts_with("["));
-    monitor::ServerOptions addr;
-    if (Status s = monitor::ParseHostPort(bare ? "[" + c.heartbeat_addr + "]:0" : c.heartbeat_addr, &addr); !s.ok()) {
-      return Fail(Status::InvalidArgument("--heartbeat-addr: {}", s.message()));
-    }
+    StatusOr<HostPort> parsed = ParseHostPort(bare ? "[" + c.heartbeat_addr + "]:0" : c.heartbeat_addr);
+    if (!parsed.ok()) return Fail(Status::InvalidArgument("--heartbeat-addr: {}", parsed.status().message()));
+    HostPort addr = *parsed;
     if (bare && c.heartbeat_addr.find(':') == std::string::npos) {
       addr.host = c.heartbeat_addr;
       addr.port = 0;
@@ -171,10 +164,10 @@ int RunLaunch(const LaunchCommands& c) {
 int RunHealth(const LaunchCommands& c) {
   if (!c.reach.empty()) {
     // Only: does this host reach the supervisor (the probe of a silent rank on another host)?
-    monitor::ServerOptions addr;
-    if (Status s = monitor::ParseHostPort(c.reach, &addr); !s.ok()) return Fail(s.WithContext("--reach"));
+    StatusOr<HostPort> addr = ParseHostPort(c.reach);
+    if (!addr.ok()) return Fail(addr.status().WithContext("--reach"));
     std::string error;
-    const int fd = monitor::ConnectWithin(addr.host, addr.port, c.reach_timeout, &error);
+    const int fd = ConnectWithin(addr->host, addr->port, c.reach_timeout, &error);
     if (fd < 0) {
       fmt::print(stderr, "unreachable: {}\n", error);
       return kExitRetryable;
