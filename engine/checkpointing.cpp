@@ -25,6 +25,9 @@ using checkpoint::Checkpointer;
 using checkpoint::Manifest;
 using checkpoint::ObjectStore;
 
+// The tag of the rescue writer's object names ("step-N/rescue.params.000000", "part-rescue-r00000.json").
+constexpr char kRescueTag[] = "rescue";
+
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -263,7 +266,7 @@ StatusOr<TrainCheckpointing::Rescue> TrainCheckpointing::RescueWrite() {
   o.compress = regular.compress;
   o.writer_threads = regular.writer_threads;
   o.code_version = regular.code_version;
-  o.key_tag = "rescue";
+  o.key_tag = kRescueTag;
   o.manual_commit = true;
   o.buffers = 1;
   const int64_t P = trainer_.backend().layout().total();
@@ -285,14 +288,36 @@ StatusOr<TrainCheckpointing::Rescue> TrainCheckpointing::RescueWrite() {
   rescue_->Submit(snap, std::move(state));
   TF_RETURN_IF_ERROR(rescue_->Flush().WithContext(fmt::format("writing the rescue checkpoint of step {}", step)));
   rescue_step_ = step;
+  rescue_committed_ = false;
   return r;
 }
 
 Status TrainCheckpointing::RescueCommit() {
   if (!rescue_ || rescue_step_ < 0) return Status::Internal("RescueCommit without RescueWrite");
   TF_RETURN_IF_ERROR(rescue_->CommitNow(rescue_step_));
+  rescue_committed_ = true;
   SetCommittedCheckpoint(rescue_step_);
   return Status::OK();
+}
+
+Status TrainCheckpointing::RescueDiscard() {
+  if (!rescue_ || rescue_step_ < 0) return Status::OK();
+  if (rescue_committed_) {
+    return Status::Internal("the rescue checkpoint of step {} is committed; it is not discarded", rescue_step_);
+  }
+  const int64_t step = rescue_step_;
+  rescue_step_ = -1;  // whatever happens below, it is never committed
+  ObjectStore& store = rescue_->store();
+  // The part list first: without it the chunks are never read, even if deleting them fails.
+  Status s = store.Delete(checkpoint::PartKey(step, 0, kRescueTag));
+  if (s.ok()) {
+    StatusOr<std::vector<std::string>> keys =
+        store.List(fmt::format("{}/{}.", checkpoint::CheckpointPrefix(step), kRescueTag));
+    s = keys.status();
+    for (size_t i = 0; s.ok() && keys.ok() && i < keys->size(); ++i) s = store.Delete((*keys)[i]);
+  }
+  rescue_.reset();
+  return s.WithContext(fmt::format("discarding the rescue checkpoint of step {}", step));
 }
 
 Status TrainCheckpointing::CommitPending() {

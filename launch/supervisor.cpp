@@ -31,6 +31,7 @@
 #include "base/json.h"
 #include "base/subprocess.h"
 #include "launch/heartbeat.h"
+#include "launch/protocol.h"
 #include "launch/slurm_util.h"
 #include "monitor/metrics.h"
 #include "monitor/prometheus_util.h"
@@ -43,6 +44,8 @@ namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
+namespace msg = protocol::msg;
+namespace field = protocol::field;
 
 std::atomic<int> g_signals{0};
 std::atomic<int> g_warnings{0};
@@ -281,6 +284,9 @@ class Supervisor {
   std::string HeartbeatAddress() const;
   void KillRank(const RankInfo& r);
   void Recover(json incident, const std::set<int>& culprits);
+  // Polls up to timeout_s for each rank's answer of the type `wanted` gives it (other events are
+  // handled as usual), stopping early when rank `needed` disconnects. Returns the answers that came.
+  std::map<int, json> AwaitReplies(const std::map<int, const char*>& wanted, int needed, double timeout_s);
   void Teardown(double deadline_s);
   void AccountGeneration(int64_t kept_until_step);
   // The running generation's productive time so far (its steps since it started x time per step);
@@ -734,21 +740,21 @@ void Supervisor::HandleEvents(const std::vector<monitor::HeartbeatServer::Event>
       continue;
     }
     if (e.kind == Event::kHello) {
-      const int rank = e.body.value("rank", -1);
-      const int64_t gen = e.body.value("generation", int64_t{-1});
+      const int rank = e.body.value(field::kRank, -1);
+      const int64_t gen = e.body.value(field::kGeneration, int64_t{-1});
       if (!job_ || gen != job_->generation || !job_->ranks.count(rank)) {
         // A process of an earlier launch (an orphan after a partition, say): it must go.
-        server_->Send(e.conn, {{"type", "exit"}, {"code", 3}, {"reason", fmt::format("generation {} is over", gen)}});
+        server_->Send(e.conn, {{field::kType, msg::kExit}, {field::kCode, 3}, {field::kReason, fmt::format("generation {} is over", gen)}});
         server_->Close(e.conn);
         continue;
       }
       RankInfo& r = job_->ranks[rank];
       if (r.conn >= 0 && r.conn != e.conn) server_->Close(r.conn);
       r.conn = e.conn;
-      r.host = e.body.value("host", "");
-      r.pid = e.body.value("pid", int64_t{0});
-      r.ppid = e.body.value("ppid", int64_t{0});
-      if (const std::string step = e.body.value("slurm_step", ""); !step.empty()) job_->slurm_step = step;
+      r.host = e.body.value(field::kHost, "");
+      r.pid = e.body.value(field::kPid, int64_t{0});
+      r.ppid = e.body.value(field::kPpid, int64_t{0});
+      if (const std::string step = e.body.value(field::kSlurmStep, ""); !step.empty()) job_->slurm_step = step;
       r.last_hb = Mono();
       r.late_since = 0;
       r.closed = false;
@@ -829,35 +835,35 @@ void Supervisor::OnMessage(int rank, const json& m) {
     r.late_since = 0;
   }
   r.last_hb = Mono();
-  const std::string type = m.value("type", "");
-  if (type == "hb") {
-    const std::string phase = m.value("phase", "");
-    const int64_t step = m.value("step", int64_t{0});
-    const uint64_t progress = m.value("progress", uint64_t{0});
+  const std::string type = m.value(field::kType, "");
+  if (type == msg::kHeartbeat) {
+    const std::string phase = m.value(field::kPhase, "");
+    const int64_t step = m.value(field::kStep, int64_t{0});
+    const uint64_t progress = m.value(field::kProgress, uint64_t{0});
     if (phase != r.phase || step != r.step || progress != r.progress) r.progress_at = Mono();
     r.phase = phase;
     r.step = step;
     r.progress = progress;
-    r.checkpoint = m.value("checkpoint", int64_t{-1});
-    r.step_time = m.value("step_time", 0.0);
-    AccountRank(rank, step, m.value("checkpoint_bytes", int64_t{-1}));
-    if (const std::string url = m.value("metrics_url", ""); !url.empty() && url != r.metrics_url) {
+    r.checkpoint = m.value(field::kCheckpoint, int64_t{-1});
+    r.step_time = m.value(field::kStepTime, 0.0);
+    AccountRank(rank, step, m.value(field::kCheckpointBytes, int64_t{-1}));
+    if (const std::string url = m.value(field::kMetricsUrl, ""); !url.empty() && url != r.metrics_url) {
       r.metrics_url = url;
       WriteEndpoints();
     }
     if (rank == 0) {
-      if (job_->start_step < 0) job_->start_step = m.value("start_step", int64_t{-1});
+      if (job_->start_step < 0) job_->start_step = m.value(field::kStartStep, int64_t{-1});
       if (job_->start_step >= 0 && step > job_->start_step && r.step_time > 0) {
         if (job_->first_step < 0) {
           job_->first_step = step;
           job_->first_step_time = r.step_time;
           if (failure_at_wall_ > 0 && job_->generation > failed_generation_) {
             // When the generation's first step completed (the heartbeat may come a few steps later).
-            const double first = m.value("first_step_time", 0.0) > 0 ? m.value("first_step_time", 0.0) : r.step_time;
+            const double first = m.value(field::kFirstStepTime, 0.0) > 0 ? m.value(field::kFirstStepTime, 0.0) : r.step_time;
             const double down = first - failure_at_wall_;
             downtime_s_ += std::max(0.0, down);
             Say(fmt::format("training again: step {} done {:.2f} s after the failure was detected",
-                            m.value("start_step", step - 1) + 1, down));
+                            m.value(field::kStartStep, step - 1) + 1, down));
             Incident({{"kind", "recovered"}, {"generation", job_->generation}, {"step", step},
                       {"failure_to_step_s", down}, {"first_step_time", first}, {"detected_at", failure_at_wall_}});
             failure_at_wall_ = 0;
@@ -869,20 +875,20 @@ void Supervisor::OnMessage(int rank, const json& m) {
     }
     return;
   }
-  if (type == "failed") {
+  if (type == msg::kFailed) {
     r.failed = true;
     r.failed_at = Mono();
-    r.rescuable = m.value("rescuable", false);
-    r.failed_step = m.value("step", int64_t{-1});
-    r.exit_code = m.value("exit_code", 1);
-    r.error = m.value("error", "");
+    r.rescuable = m.value(field::kRescuable, false);
+    r.failed_step = m.value(field::kStep, int64_t{-1});
+    r.exit_code = m.value(field::kExitCode, 1);
+    r.error = m.value(field::kError, "");
     return;
   }
-  if (type == "exit") {
+  if (type == msg::kExit) {
     r.exited = true;
-    r.exit_code = m.value("exit_code", 0);
-    AccountRank(rank, m.value("step", int64_t{-1}), m.value("checkpoint_bytes", int64_t{-1}));
-    if (rank == 0) final_step_ = m.value("step", int64_t{-1});
+    r.exit_code = m.value(field::kExitCode, 0);
+    AccountRank(rank, m.value(field::kStep, int64_t{-1}), m.value(field::kCheckpointBytes, int64_t{-1}));
+    if (rank == 0) final_step_ = m.value(field::kStep, int64_t{-1});
     return;
   }
 }
@@ -1141,7 +1147,7 @@ void Supervisor::Teardown(double deadline_s) {
   Job& job = *job_;
   for (auto& [rank, r] : job.ranks) {
     if (r.conn >= 0 && !r.exited) {
-      server_->Send(r.conn, {{"type", "exit"}, {"code", 3}, {"reason", "the job is being restarted"}});
+      server_->Send(r.conn, {{field::kType, msg::kExit}, {field::kCode, 3}, {field::kReason, "the job is being restarted"}});
     }
   }
   // The ranks leave when told; mpirun may not notice for a while (it is not needed any more).
@@ -1183,6 +1189,27 @@ void Supervisor::Teardown(double deadline_s) {
   conn_rank_.clear();
 }
 
+std::map<int, json> Supervisor::AwaitReplies(const std::map<int, const char*>& wanted, int needed,
+                                             double timeout_s) {
+  std::map<int, json> got;
+  const double end = Mono() + timeout_s;
+  while (got.size() < wanted.size() && Mono() < end && job_->ranks[needed].conn >= 0) {
+    for (const auto& e : server_->Poll(0.05)) {
+      auto it = conn_rank_.find(e.conn);
+      if (e.kind == monitor::HeartbeatServer::Event::kMessage && it != conn_rank_.end()) {
+        auto w = wanted.find(it->second);
+        if (w != wanted.end() && e.body.value(field::kType, "") == w->second) {
+          got[it->second] = e.body;
+          continue;
+        }
+      }
+      HandleEvents({e});
+    }
+    TailLog();
+  }
+  return got;
+}
+
 void Supervisor::Recover(json incident, const std::set<int>& culprits) {
   Job& job = *job_;
   const double t0 = Mono();
@@ -1198,7 +1225,9 @@ void Supervisor::Recover(json incident, const std::set<int>& culprits) {
   for (int rank : culprits) KillRank(job.ranks[rank]);
   const std::string reason = fmt::format("rank {} failed ({})", incident.value("rank", -1), kind);
   for (auto& [rank, r] : job.ranks) {
-    if (!culprits.count(rank) && r.conn >= 0) server_->Send(r.conn, {{"type", "abort"}, {"reason", reason}});
+    if (!culprits.count(rank) && r.conn >= 0) {
+      server_->Send(r.conn, {{field::kType, msg::kAbort}, {field::kReason, reason}});
+    }
   }
   auto settled = [&] {
     for (auto& [rank, r] : job.ranks) {
@@ -1225,79 +1254,50 @@ void Supervisor::Recover(json incident, const std::set<int>& culprits) {
     const int writer = at_best[0];
     const int checker = at_best.size() > 1 ? at_best[1] : -1;
     rescue = {{"attempted", true}, {"step", best}, {"writer", writer}, {"checker", checker}};
-    json written = json::object(), hashed = json::object();
-    bool have_written = false, have_hash = checker < 0;
-    // Replies come through OnMessage; catch them here by type.
-    auto& wr = job.ranks[writer];
-    server_->Send(wr.conn, {{"type", "rescue"}, {"mode", "write"}});
-    if (checker >= 0) server_->Send(job.ranks[checker].conn, {{"type", "rescue"}, {"mode", "hash"}});
-    const double end = Mono() + o_.rescue_timeout_s;
-    while ((!have_written || !have_hash) && Mono() < end) {
-      for (const auto& e : server_->Poll(0.05)) {
-        auto it = conn_rank_.find(e.conn);
-        if (e.kind == monitor::HeartbeatServer::Event::kMessage && it != conn_rank_.end()) {
-          const std::string t = e.body.value("type", "");
-          if (t == "rescued" && it->second == writer) {
-            written = e.body;
-            have_written = true;
-            continue;
-          }
-          if (t == "hash" && it->second == checker) {
-            hashed = e.body;
-            have_hash = true;
-            continue;
-          }
-        }
-        HandleEvents({e});
-      }
-      TailLog();
-      if (job.ranks[writer].conn < 0) break;
+    server_->Send(job.ranks[writer].conn, {{field::kType, msg::kRescue}, {field::kMode, protocol::kModeWrite}});
+    std::map<int, const char*> wanted = {{writer, msg::kRescued}};
+    if (checker >= 0) {
+      server_->Send(job.ranks[checker].conn, {{field::kType, msg::kRescue}, {field::kMode, protocol::kModeHash}});
+      wanted[checker] = msg::kHash;
     }
-    bool ok = have_written && written.value("ok", false);
-    std::string why = !have_written ? "no answer from the writer" : written.value("error", "");
+    std::map<int, json> replies = AwaitReplies(wanted, writer, o_.rescue_timeout_s);
+    const bool have_written = replies.count(writer) > 0, have_hash = checker < 0 || replies.count(checker) > 0;
+    const json written = have_written ? replies[writer] : json::object();
+    const json hashed = checker >= 0 && have_hash ? replies[checker] : json::object();
+    bool ok = have_written && written.value(field::kOk, false);
+    std::string why = !have_written ? "no answer from the writer" : written.value(field::kError, "");
     if (ok && checker >= 0) {
-      if (!have_hash || !hashed.value("ok", false)) {
+      if (!have_hash || !hashed.value(field::kOk, false)) {
         ok = true;  // the writer's state stands on its own checksums; note the missing cross-check
         rescue["cross_check"] = "unavailable";
-      } else if (hashed.value("hash", "") != written.value("hash", "") ||
-                 hashed.value("step", int64_t{-2}) != written.value("step", int64_t{-1})) {
+      } else if (hashed.value(field::kHash, "") != written.value(field::kHash, "") ||
+                 hashed.value(field::kStep, int64_t{-2}) != written.value(field::kStep, int64_t{-1})) {
         ok = false;
         why = fmt::format("state hashes differ between rank {} ({} at step {}) and rank {} ({} at step {})", writer,
-                          written.value("hash", ""), written.value("step", int64_t{-1}), checker,
-                          hashed.value("hash", ""), hashed.value("step", int64_t{-1}));
+                          written.value(field::kHash, ""), written.value(field::kStep, int64_t{-1}), checker,
+                          hashed.value(field::kHash, ""), hashed.value(field::kStep, int64_t{-1}));
         rescue["cross_check"] = "mismatch";
       } else {
         rescue["cross_check"] = "match";
       }
     }
-    if (ok && !written.value("already", false)) {
-      server_->Send(wr.conn, {{"type", "commit"}});
-      json committed = json::object();
-      bool have = false;
-      const double cend = Mono() + o_.rescue_timeout_s;
-      while (!have && Mono() < cend && job.ranks[writer].conn >= 0) {
-        for (const auto& e : server_->Poll(0.05)) {
-          auto it = conn_rank_.find(e.conn);
-          if (e.kind == monitor::HeartbeatServer::Event::kMessage && it != conn_rank_.end() && it->second == writer &&
-              e.body.value("type", "") == "committed") {
-            committed = e.body;
-            have = true;
-            continue;
-          }
-          HandleEvents({e});
-        }
-      }
-      ok = have && committed.value("ok", false);
-      if (!ok) why = have ? committed.value("error", "") : "no answer to the commit";
+    if (ok && !written.value(field::kAlready, false)) {
+      server_->Send(job.ranks[writer].conn, {{field::kType, msg::kCommit}});
+      std::map<int, json> r = AwaitReplies({{writer, msg::kCommitted}}, writer, o_.rescue_timeout_s);
+      ok = r.count(writer) > 0 && r[writer].value(field::kOk, false);
+      if (!ok) why = r.count(writer) > 0 ? r[writer].value(field::kError, "") : "no answer to the commit";
     } else if (have_written && checker >= 0 && !ok) {
-      server_->Send(wr.conn, {{"type", "discard"}});
+      // The rank deletes what it wrote, so no half-checked state is ever committed or loaded.
+      server_->Send(job.ranks[writer].conn, {{field::kType, msg::kDiscard}});
+      std::map<int, json> r = AwaitReplies({{writer, msg::kDiscarded}}, writer, o_.rescue_timeout_s);
+      rescue["discarded"] = r.count(writer) > 0 && r[writer].value(field::kOk, false);
     }
     rescue["ok"] = ok;
-    rescue["seconds"] = written.value("seconds", 0.0);
+    rescue["seconds"] = written.value(field::kSeconds, 0.0);
     if (ok) {
-      rescue["already"] = written.value("already", false);
+      rescue["already"] = written.value(field::kAlready, false);
       Say(fmt::format("rescue: rank {} saved the state of step {}{}{}", writer, best,
-                      written.value("already", false) ? " (already checkpointed)" : "",
+                      written.value(field::kAlready, false) ? " (already checkpointed)" : "",
                       checker >= 0 ? fmt::format(", cross-checked with rank {}", checker) : ""));
     } else {
       rescue["error"] = why;
@@ -1526,7 +1526,7 @@ int Supervisor::Run() {
         Say(time_warning_ ? "time limit warning (SIGUSR1): the ranks finish their step and write a checkpoint"
                           : "stop requested: the ranks finish their step and write a checkpoint (again to end them now)");
         for (auto& [rank, r] : job_->ranks) {
-          if (r.conn >= 0) server_->Send(r.conn, {{"type", "stop"}});
+          if (r.conn >= 0) server_->Send(r.conn, {{field::kType, msg::kStop}});
         }
         job_->stop_sent = true;
       }
@@ -1702,7 +1702,7 @@ int Supervisor::Run() {
                         job_->plan.world, plan->world));
         Incident({{"kind", "grow"}, {"generation", job_->generation}, {"from", job_->plan.world}, {"to", plan->world}});
         for (auto& [rank, r] : job_->ranks) {
-          if (r.conn >= 0) server_->Send(r.conn, {{"type", "stop"}});
+          if (r.conn >= 0) server_->Send(r.conn, {{field::kType, msg::kStop}});
         }
         job_->growing = true;
         job_->stop_sent = true;
