@@ -33,6 +33,7 @@
 #include "launch/heartbeat.h"
 #include "launch/protocol.h"
 #include "launch/slurm_util.h"
+#include "launch/state_store.h"
 #include "monitor/metrics.h"
 #include "monitor/prometheus_util.h"
 #include "monitor/server.h"
@@ -55,17 +56,7 @@ extern "C" void OnSupervisorWarning(int) { g_warnings.fetch_add(1); }
 double WallNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-constexpr uint64_t kMaxStateBytes = uint64_t{256} << 20;
 constexpr uint64_t kMaxHostfileBytes = uint64_t{64} << 20;
-
-StatusOr<json> ReadStateFile(const std::string& path) {
-  TF_ASSIGN_OR_RETURN(json st, ReadJsonFile(path, "supervisor state", Env::Default(), kMaxStateBytes));
-  if (!st.is_object()) return Status::InvalidArgument("'{}' is not a supervisor state (not a JSON object)", path);
-  if (!st.contains("version") || !st["version"].is_number_integer()) {
-    return Status::InvalidArgument("'{}' is not a supervisor state (no version)", path);
-  }
-  return st;
-}
 
 double Mono() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -254,7 +245,11 @@ class LaunchMetrics : public monitor::MetricsSource {
 class Supervisor {
  public:
   explicit Supervisor(LaunchOptions o, SupervisorOutcome* outcome)
-      : o_(std::move(o)), book_(o_.quarantine), backoff_(o_.backoff), outcome_(outcome) {}
+      : o_(std::move(o)),
+        store_(Env::Default(), o_.state_dir, o_.group_readable),
+        book_(o_.quarantine),
+        backoff_(o_.backoff),
+        outcome_(outcome) {}
   ~Supervisor() {
     if (health_thread_.joinable()) health_thread_.join();
   }
@@ -307,10 +302,10 @@ class Supervisor {
   void PollFor(double seconds, const std::function<bool()>& done);
 
   LaunchOptions o_;
+  StateStore store_;
   HostBook book_;
   RestartBackoff backoff_;
   std::string secret_;
-  int lock_fd_ = -1;
   std::unique_ptr<monitor::HeartbeatServer> server_;
   LaunchMetrics metrics_;
   std::unique_ptr<monitor::MetricsServer> metrics_server_;  // after metrics_: stopped first
@@ -385,47 +380,17 @@ void Supervisor::Say(const std::string& line) {
 }
 
 Status Supervisor::Open() {
-  std::error_code ec;
-  fs::create_directories(o_.state_dir, ec);
-  if (ec) return Status::IOError("cannot create the launch state directory '{}': {}", o_.state_dir, ec.message());
-  // Group-readable: the setgid parent's group, kept by files created below (02750).
-  ::chmod(o_.state_dir.c_str(), o_.group_readable ? 02750 : 0700);
-  const std::string lock = o_.state_dir + "/lock";
-  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_fd_ < 0) return Status::IOError("cannot open '{}': {}", lock, std::strerror(errno));
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    std::string holder;
-    std::ifstream(lock) >> holder;
-    return Status::InvalidArgument("another supervisor (pid {}) runs the job of '{}'; `trainflow launch --status "
-                                   "--state-dir {}` shows it",
-                                   holder.empty() ? "?" : holder, o_.state_dir, o_.state_dir);
-  }
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  (void)!::ftruncate(lock_fd_, 0);
-  (void)!::pwrite(lock_fd_, pid.data(), pid.size(), 0);
-  // The job's secret: made once, kept for supervisor restarts (the running ranks know it).
-  const std::string secret_path = o_.state_dir + "/secret";
-  if (auto text = Env::Default()->ReadFileToString(secret_path, 4096); text.ok()) {
-    secret_ = text->substr(0, text->find_first_of(" \n"));
-  }
-  if (secret_.size() < 32) {
-    secret_ = monitor::RandomHex(32);
-    const int fd = ::open((secret_path + ".tmp").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0 || ::write(fd, secret_.data(), secret_.size()) != static_cast<ssize_t>(secret_.size()) ||
-        ::fsync(fd) != 0) {
-      if (fd >= 0) ::close(fd);
-      return Status::IOError("cannot write '{}'", secret_path);
-    }
-    ::close(fd);
-    fs::rename(secret_path + ".tmp", secret_path, ec);
-    if (ec) return Status::IOError("cannot write '{}': {}", secret_path, ec.message());
-  }
+  TF_RETURN_IF_ERROR(store_.Lock(::getpid()));
+  TF_ASSIGN_OR_RETURN(secret_, store_.Secret(monitor::RandomHex(32)));
   book_.SetHosts(o_.hosts);
-  if (!o_.hostfile.empty()) hostfile_mtime_ = fs::last_write_time(o_.hostfile, ec);
+  if (!o_.hostfile.empty()) {
+    std::error_code ec;
+    hostfile_mtime_ = fs::last_write_time(o_.hostfile, ec);
+  }
   // A previous supervisor's state: hosts, restarts, accounting, and maybe a job still running.
-  const std::string state_path = o_.state_dir + "/state.json";
-  if (std::error_code e; fs::symlink_status(state_path, e).type() != fs::file_type::not_found) {
-    TF_ASSIGN_OR_RETURN(json st, ReadStateFile(state_path));
+  TF_ASSIGN_OR_RETURN(std::optional<json> loaded, store_.LoadState());
+  if (loaded) {
+    json& st = *loaded;
     if (st.contains("hosts")) {
       TF_ASSIGN_OR_RETURN(book_, HostBook::FromJson(st["hosts"], o_.quarantine));
       book_.SetHosts(o_.hosts);
@@ -527,7 +492,7 @@ void Supervisor::Save() {
   st["host_states"] = states;
   metrics_.Update(st);
   // Durable and atomic: a crash or a full disk leaves the previous state for the next supervisor.
-  if (Status s = Env::Default()->WriteFileAtomically(o_.state_dir + "/state.json", st.dump(2) + "\n"); !s.ok()) {
+  if (Status s = store_.SaveState(st); !s.ok()) {
     if (!save_failed_) spdlog::error("cannot save the supervisor's state: {}", s.ToString());
     save_failed_ = true;
   } else {
@@ -537,13 +502,7 @@ void Supervisor::Save() {
 
 void Supervisor::Incident(json record) {
   record["time"] = IsoTime(WallNow());
-  const std::string path = o_.state_dir + "/incidents.jsonl";
-  Status s = [&]() -> Status {
-    TF_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, Env::Default()->NewAppendableFile(path));
-    TF_RETURN_IF_ERROR(f->Append(record.dump() + "\n"));
-    return f->Close();
-  }();
-  if (!s.ok()) spdlog::error("cannot record the incident ({}): {}", record.dump(), s.ToString());
+  if (Status s = store_.AppendIncident(record); !s.ok()) spdlog::error("cannot record the incident ({}): {}", record.dump(), s.ToString());
 }
 
 // ---- launching ---------------------------------------------------------------------------------
@@ -1723,29 +1682,10 @@ int RunSupervisor(const LaunchOptions& options, SupervisorOutcome* outcome) {
 }
 
 Status PrintLaunchStatus(const std::string& state_dir, bool as_json) {
-  const std::string state_path = state_dir + "/state.json";
-  if (std::error_code e; fs::symlink_status(state_path, e).type() == fs::file_type::not_found) {
-    return Status::NotFound("no launch state in '{}' (no state.json)", state_dir);
-  }
-  TF_ASSIGN_OR_RETURN(json st, ReadStateFile(state_path));
-  std::vector<json> incidents;
-  if (auto text = Env::Default()->ReadFileToString(state_dir + "/incidents.jsonl", kMaxStateBytes); text.ok()) {
-    std::istringstream lines(*text);
-    for (std::string line; std::getline(lines, line);) {
-      StatusOr<json> j = ParseJson(line, "incidents.jsonl", /*allow_comments=*/false);
-      if (j.ok() && j->is_object()) incidents.push_back(std::move(*j));
-    }
-  }
+  TF_ASSIGN_OR_RETURN(json st, ReadLaunchState(Env::Default(), state_dir));
+  const std::vector<json> incidents = ReadIncidents(Env::Default(), state_dir);
   std::string holder;
-  std::ifstream(state_dir + "/lock") >> holder;
-  bool running = false;
-  {
-    const int fd = ::open((state_dir + "/lock").c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      running = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
-      ::close(fd);
-    }
-  }
+  const bool running = SupervisorRunning(state_dir, &holder);
   if (as_json) {
     st["supervisor_running"] = running;
     st["incidents"] = incidents;
