@@ -156,8 +156,13 @@ StatusOr<Started> ProcessJob::Start(const StartRequest& q) {
       for (int i = 0; i < h.slots; ++i) lines += h.name + "\n";
     }
     TF_RETURN_IF_ERROR(env_->WriteFileAtomically(hostfile, lines));
-    argv = {o_.srun, "--mpi=pmix", fmt::format("--ntasks={}", q.plan.world), fmt::format("--nodes={}", q.hosts.size()),
-            "--distribution=arbitrary", "--kill-on-bad-exit=0", fmt::format("--job-name=trainflow-gen{}", q.generation)};
+    argv = {o_.srun,
+            "--mpi=pmix",
+            fmt::format("--ntasks={}", q.plan.world),
+            fmt::format("--nodes={}", q.hosts.size()),
+            "--distribution=arbitrary",
+            "--kill-on-bad-exit=0",
+            fmt::format("--job-name=trainflow-gen{}", q.generation)};
     argv.insert(argv.end(), o_.srun_args.begin(), o_.srun_args.end());
     argv.push_back(o_.trainflow);
     argv.insert(argv.end(), train.begin(), train.end());

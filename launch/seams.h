@@ -88,8 +88,8 @@ class HeartbeatTransport {
   virtual void Close(int conn) = 0;
 };
 // Binds host:port (0: any free port) for the job's ranks, authenticated with `secret`.
-using TransportFactory =
-    std::function<StatusOr<std::unique_ptr<HeartbeatTransport>>(const std::string& host, int port, const std::string& secret)>;
+using TransportFactory = std::function<StatusOr<std::unique_ptr<HeartbeatTransport>>(
+    const std::string& host, int port, const std::string& secret)>;
 TransportFactory HeartbeatServerTransport();
 
 // The supervisor's own signals: SIGINT/SIGTERM (stop, twice: end now) and SIGUSR1 (Slurm's time

@@ -47,6 +47,33 @@ std::string ExitDescription(int code) {
   }
 }
 
+// What the launcher saw of the failed rank (its exit signal, srun's report), from the end of its
+// log, added to the incident's detail.
+void AddLauncherReport(const std::string& log_path, json* incident) {
+  if (std::ifstream f(log_path, std::ios::binary); f) {
+    f.seekg(0, std::ios::end);
+    const std::streamoff size = f.tellg();
+    f.seekg(std::max<std::streamoff>(0, size - 65536));
+    const std::string tail((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    static const std::regex kSignal(R"(process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+))");
+    static const std::regex kSrunTask(R"(srun: error: (\S+): task (\d+): ([^\n]+))");
+    for (std::sregex_iterator it(tail.begin(), tail.end(), kSrunTask), end; it != end; ++it) {
+      if (std::stoi((*it)[2]) == incident->value("rank", -2)) {
+        (*incident)["detail"] =
+            incident->value("detail", "") + fmt::format("; srun: {} on {}", (*it)[3].str(), (*it)[1].str());
+      }
+    }
+    for (std::sregex_iterator it(tail.begin(), tail.end(), kSignal), end; it != end; ++it) {
+      if (std::stoi((*it)[1]) == incident->value("rank", -2)) {
+        const int sig = std::stoi((*it)[2]);
+        (*incident)["signal"] = sig;
+        (*incident)["detail"] =
+            incident->value("detail", "") + fmt::format("; mpirun: exited on signal {} ({})", sig, ::strsignal(sig));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 double DefaultHangTimeout(Phase p) {
@@ -705,36 +732,13 @@ std::map<int, json> Supervisor::AwaitReplies(const std::map<int, const char*>& w
   return got;
 }
 
-void Supervisor::Recover(json incident, const std::set<int>& culprits) {
+json Supervisor::Rescue(const std::set<int>& culprits, int64_t* best_step) {
   Job& job = *job_;
-  const double t0 = clock_->Mono();
-  failure_at_wall_ = clock_->Wall();
-  failed_generation_ = job.generation;
-  const std::string kind = incident.value("kind", "failed");
-  incident["generation"] = job.generation;
-  incident["detected_at"] = failure_at_wall_;
-  Say(fmt::format("FAILURE ({}): {}rank {} on host {} at step {} ({}): {}", kind,
-                  incident.value("rank", -1) < 0 ? "" : "", incident.value("rank", -1), incident.value("host", "?"),
-                  incident.value("step", int64_t{-1}), incident.value("phase", "?"), incident.value("detail", "")));
-  // The culprits go first (a stopped or silent process does not answer), then everyone else unwinds.
-  for (int rank : culprits) job_ctl_->KillRank(AddressOf(job.ranks[rank]));
-  const std::string reason = fmt::format("rank {} failed ({})", incident.value("rank", -1), kind);
-  for (auto& [rank, r] : job.ranks) {
-    if (!culprits.count(rank) && r.conn >= 0) {
-      server_->Send(r.conn, {{field::kType, msg::kAbort}, {field::kReason, reason}});
-    }
-  }
-  auto settled = [&] {
-    for (auto& [rank, r] : job.ranks) {
-      if (!culprits.count(rank) && r.conn >= 0 && !r.failed && !r.exited) return false;
-    }
-    return true;
-  };
-  PollFor(5.0, settled);
   // The rescue: the survivor with the newest whole state writes it; a second one cross-checks its hash.
   json rescue = {{"attempted", false}};
   std::vector<int> survivors;
-  int64_t best = -1;
+  *best_step = -1;
+  int64_t& best = *best_step;
   for (auto& [rank, r] : job.ranks) {
     if (!culprits.count(rank) && r.conn >= 0 && r.failed && r.rescuable) {
       survivors.push_back(rank);
@@ -803,39 +807,15 @@ void Supervisor::Recover(json incident, const std::set<int>& culprits) {
   } else {
     rescue["error"] = "no surviving rank holds a whole state";
   }
-  incident["rescue"] = rescue;
-  AccountGeneration(rescue.value("ok", false) ? best : [&] {
-    int64_t c = -1;
-    for (auto& [rank, r] : job.ranks) c = std::max(c, r.checkpoint);
-    return c;
-  }());
-  Teardown(10.0);
-  // What the launcher saw of the failed rank (its exit signal), from the end of its log.
-  if (std::ifstream f(job.log_path, std::ios::binary); f) {
-    f.seekg(0, std::ios::end);
-    const std::streamoff size = f.tellg();
-    f.seekg(std::max<std::streamoff>(0, size - 65536));
-    const std::string tail((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    static const std::regex kSignal(R"(process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+))");
-    static const std::regex kSrunTask(R"(srun: error: (\S+): task (\d+): ([^\n]+))");
-    for (std::sregex_iterator it(tail.begin(), tail.end(), kSrunTask), end; it != end; ++it) {
-      if (std::stoi((*it)[2]) == incident.value("rank", -2)) {
-        incident["detail"] = incident.value("detail", "") + fmt::format("; srun: {} on {}", (*it)[3].str(), (*it)[1].str());
-      }
-    }
-    for (std::sregex_iterator it(tail.begin(), tail.end(), kSignal), end; it != end; ++it) {
-      if (std::stoi((*it)[1]) == incident.value("rank", -2)) {
-        const int sig = std::stoi((*it)[2]);
-        incident["signal"] = sig;
-        incident["detail"] = incident.value("detail", "") + fmt::format("; mpirun: exited on signal {} ({})", sig,
-                                                                        ::strsignal(sig));
-      }
-    }
-  }
+  return rescue;
+}
+
+std::vector<std::string> Supervisor::AccountHosts(const json& incident, const std::set<int>& culprits) {
+  const std::string kind = incident.value("kind", "failed");
   // Host accounting: the culprits' hosts (a launcher failure names no rank).
   std::set<std::string> hosts;
   for (int rank : culprits) {
-    if (!job.ranks[rank].host.empty()) hosts.insert(job.ranks[rank].host);
+    if (!job_->ranks[rank].host.empty()) hosts.insert(job_->ranks[rank].host);
   }
   // A rank's own failure other than a peer's (an I/O or internal error) counts against its host.
   if (kind == "failed" && incident.value("exit_code", kExitRetryable) != kExitRetryable) {
@@ -856,7 +836,46 @@ void Supervisor::Recover(json incident, const std::set<int>& culprits) {
     host_causes_[h] = cause;
     Say(fmt::format("host {} quarantined after {}", h, cause));
   }
-  incident["quarantined"] = quarantined;
+  return quarantined;
+}
+
+void Supervisor::Recover(json incident, const std::set<int>& culprits) {
+  Job& job = *job_;
+  const double t0 = clock_->Mono();
+  failure_at_wall_ = clock_->Wall();
+  failed_generation_ = job.generation;
+  const std::string kind = incident.value("kind", "failed");
+  incident["generation"] = job.generation;
+  incident["detected_at"] = failure_at_wall_;
+  Say(fmt::format("FAILURE ({}): {}rank {} on host {} at step {} ({}): {}", kind,
+                  incident.value("rank", -1) < 0 ? "" : "", incident.value("rank", -1), incident.value("host", "?"),
+                  incident.value("step", int64_t{-1}), incident.value("phase", "?"), incident.value("detail", "")));
+  // The culprits go first (a stopped or silent process does not answer), then everyone else unwinds.
+  for (int rank : culprits) job_ctl_->KillRank(AddressOf(job.ranks[rank]));
+  const std::string reason = fmt::format("rank {} failed ({})", incident.value("rank", -1), kind);
+  for (auto& [rank, r] : job.ranks) {
+    if (!culprits.count(rank) && r.conn >= 0) {
+      server_->Send(r.conn, {{field::kType, msg::kAbort}, {field::kReason, reason}});
+    }
+  }
+  auto settled = [&] {
+    for (auto& [rank, r] : job.ranks) {
+      if (!culprits.count(rank) && r.conn >= 0 && !r.failed && !r.exited) return false;
+    }
+    return true;
+  };
+  PollFor(5.0, settled);
+  int64_t best = -1;
+  const json rescue = Rescue(culprits, &best);
+  incident["rescue"] = rescue;
+  AccountGeneration(rescue.value("ok", false) ? best : [&] {
+    int64_t c = -1;
+    for (auto& [rank, r] : job.ranks) c = std::max(c, r.checkpoint);
+    return c;
+  }());
+  Teardown(10.0);
+  AddLauncherReport(job.log_path, &incident);
+  incident["quarantined"] = AccountHosts(incident, culprits);
   incident["teardown_s"] = clock_->Mono() - t0;
   ++restarts_;
   incident["restart"] = restarts_;
@@ -950,6 +969,149 @@ int Supervisor::Finish(int code, const std::string& why, const char* reason) {
   return code;
 }
 
+std::optional<int> Supervisor::LaunchNext() {
+  last_watch_ = 0;
+  if (stopping_) {
+    return Finish(kExitStopped, "stopped before the next launch", time_warning_ ? "time_warning" : "stopped");
+  }
+  if (clock_->Mono() < next_launch_) {
+    clock_->Sleep(0.02);
+    return std::nullopt;
+  }
+  if (restarts_ - budget_base_ > o_.max_restarts) {
+    return Finish(kExitRetryable,
+                  fmt::format("giving up: {} restarts{}, more than --max-restarts {}", restarts_ - budget_base_,
+                              budget_base_ > 0 ? fmt::format(" in this run ({} before it)", budget_base_) : "",
+                              o_.max_restarts),
+                  "budget");
+  }
+  Status s = Launch();
+  if (!s.ok()) {
+    if (s.code() != StatusCode::kUnavailable) {
+      spdlog::error("{}", s.ToString());
+      return Finish(ExitCodeFor(s.code()), "cannot launch", "error");
+    }
+    // Too few healthy slots: wait for a quarantined host to pass its health check.
+    if (book_.Quarantined().empty() || !o_.wait_for_hosts) {
+      return Finish(kExitRetryable, s.message(), "too_few_hosts");
+    }
+    Say(fmt::format("waiting for hosts: {}", s.message()));
+    HealthChecks(/*wait=*/true);
+    RereadHostfile();
+    if (!book_.Usable().empty() && TotalSlots(book_.Usable()) >= o_.min_ranks) return std::nullopt;
+    const double wait_end = clock_->Mono() + o_.health_interval_s;
+    while (clock_->Mono() < wait_end && world_.signals->stops() == 0) clock_->Sleep(0.05);
+  }
+  return std::nullopt;
+}
+
+std::optional<int> Supervisor::JobEnded(bool all_exited, int worst) {
+  // Give the last messages a moment to arrive.
+  PollFor(all_exited ? 0.2 : 1.0, [&] {
+    for (auto& [rank, r] : job_->ranks) {
+      if (!r.exited && !r.closed && r.conn >= 0) return false;
+    }
+    return true;
+  });
+  bool every = true, stopped = false, failed_input = false;
+  for (auto& [rank, r] : job_->ranks) {
+    every = every && r.exited;
+    stopped = stopped || (r.exited && r.exit_code == 5);
+    failed_input = failed_input || (r.failed && r.exit_code == 2);
+  }
+  if (every) {
+    // Every rank said goodbye: mpirun ends by itself once they have finalized.
+    const double end = clock_->Mono() + 30.0;
+    while (LauncherAlive() && clock_->Mono() < end) {
+      HandleEvents(server_->Poll(0.02));
+      TailLog();
+    }
+  }
+  if (LauncherAlive()) Teardown(10.0);
+  if (every && worst == 0) {
+    const bool grow = job_->growing;
+    AccountGeneration(final_step_ >= 0 ? final_step_ : job_->last_step);
+    job_.reset();
+    if (stopped && stopping_) {
+      return Finish(kExitStopped,
+                    time_warning_ ? "stopped at a checkpoint before the time limit"
+                                  : "stopped; `trainflow launch` with the same arguments resumes",
+                    time_warning_ ? "time_warning" : "stopped");
+    }
+    if (stopped && grow) {
+      Say("the job stopped at a checkpoint to grow");
+      Save();
+      return std::nullopt;
+    }
+    if (!stopped) {
+      Save();
+      return Finish(kExitOk, fmt::format("the job finished (step {})", final_step_), "finished");
+    }
+    return Finish(kExitStopped, "the job stopped (stop_at_step or a signal to the ranks)", "stopped_outside");
+  }
+  if (failed_input) {
+    std::string error;
+    for (auto& [rank, r] : job_->ranks) {
+      if (r.failed && error.empty()) error = r.error;
+    }
+    Incident({{"kind", "bad_input"}, {"generation", job_->generation}, {"detail", error}, {"action", "stopped"}});
+    job_.reset();
+    return Finish(kExitBadInput, "the job stopped on a configuration or input error (not retried): " + error,
+                  "bad_input");
+  }
+  // mpirun ended without every rank saying goodbye: a failure (a rank killed before it connected,
+  // or the launcher itself).
+  int status = job_->launcher.status;
+  const bool child = job_->launcher.child;
+  std::string detail = child && WIFEXITED(status) ? fmt::format("mpirun exited with {}", WEXITSTATUS(status))
+                       : child && WIFSIGNALED(status) ? fmt::format("mpirun killed by signal {}", WTERMSIG(status))
+                                                            : "mpirun ended";
+  std::optional<json> d = Detect();
+  json incident = d ? *d : json{{"kind", "launcher"}, {"rank", -1}, {"detail", detail}};
+  std::set<int> culprits;
+  if (incident.value("rank", -1) >= 0) culprits.insert(incident.value("rank", -1));
+  if (incident.value("kind", "") == "bad_input") {
+    job_.reset();
+    return Finish(kExitBadInput,
+                  "the job stopped on a configuration or input error (not retried): " + incident.value("detail", ""),
+                  "bad_input");
+  }
+  Recover(incident, culprits);
+  return std::nullopt;
+}
+
+void Supervisor::Periodic() {
+  const double now = clock_->Mono();
+  HealthChecks();
+  if (now - last_hostfile_check_ > 2.0) {
+    last_hostfile_check_ = now;
+    RereadHostfile();
+  }
+  const int slots = TotalSlots(book_.Usable());
+  const int cap = o_.max_ranks > 0 ? o_.max_ranks : slots;
+  if (job_->all_connected && !job_->growing && job_->first_step >= 0) {
+    auto plan = PlanBatch(o_.global_rows, o_.max_batch_size, o_.min_ranks, std::max(cap, o_.min_ranks), slots);
+    if (plan.ok() && plan->exact && plan->world > job_->plan.world) {
+      Say(fmt::format("{} healthy slot(s) now: stopping at a checkpoint to grow from {} to {} ranks", slots,
+                      job_->plan.world, plan->world));
+      Incident({{"kind", "grow"}, {"generation", job_->generation}, {"from", job_->plan.world}, {"to", plan->world}});
+      job_->growing = true;
+      SendStop();
+    }
+  }
+  if (now - last_save_ > 1.0) {
+    last_save_ = now;
+    Save();
+  }
+}
+
+void Supervisor::SendStop() {
+  for (auto& [rank, r] : job_->ranks) {
+    if (r.conn >= 0) server_->Send(r.conn, {{field::kType, msg::kStop}});
+  }
+  job_->stop_sent = true;
+}
+
 int Supervisor::Run() {
   run_started_wall_ = clock_->Wall();
   if (Status s = Open(); !s.ok()) {
@@ -1002,10 +1164,7 @@ int Supervisor::Run() {
       if (job_) {
         Say(time_warning_ ? "time limit warning (SIGUSR1): the ranks finish their step and write a checkpoint"
                           : "stop requested: the ranks finish their step and write a checkpoint (again to end them now)");
-        for (auto& [rank, r] : job_->ranks) {
-          if (r.conn >= 0) server_->Send(r.conn, {{field::kType, msg::kStop}});
-        }
-        job_->stop_sent = true;
+        SendStop();
       }
     }
     if (signals > 1 && job_) {
@@ -1014,39 +1173,7 @@ int Supervisor::Run() {
       return Finish(kExitStopped, "stopped", time_warning_ ? "time_warning" : "stopped");
     }
     if (!job_) {
-      last_watch_ = 0;
-      if (stopping_) {
-        return Finish(kExitStopped, "stopped before the next launch", time_warning_ ? "time_warning" : "stopped");
-      }
-      if (clock_->Mono() < next_launch_) {
-        clock_->Sleep(0.02);
-        continue;
-      }
-      if (restarts_ - budget_base_ > o_.max_restarts) {
-        return Finish(kExitRetryable,
-                      fmt::format("giving up: {} restarts{}, more than --max-restarts {}", restarts_ - budget_base_,
-                                  budget_base_ > 0 ? fmt::format(" in this run ({} before it)", budget_base_) : "",
-                                  o_.max_restarts),
-                      "budget");
-      }
-      Status s = Launch();
-      if (!s.ok()) {
-        if (s.code() != StatusCode::kUnavailable) {
-          spdlog::error("{}", s.ToString());
-          return Finish(ExitCodeFor(s.code()), "cannot launch", "error");
-        }
-        // Too few healthy slots: wait for a quarantined host to pass its health check.
-        if (book_.Quarantined().empty() || !o_.wait_for_hosts) {
-          return Finish(kExitRetryable, s.message(), "too_few_hosts");
-        }
-        Say(fmt::format("waiting for hosts: {}", s.message()));
-        HealthChecks(/*wait=*/true);
-        RereadHostfile();
-        if (!book_.Usable().empty() && TotalSlots(book_.Usable()) >= o_.min_ranks) continue;
-        const double wait_end = clock_->Mono() + o_.health_interval_s;
-        while (clock_->Mono() < wait_end && world_.signals->stops() == 0) clock_->Sleep(0.05);
-        continue;
-      }
+      if (std::optional<int> code = LaunchNext()) return *code;
       continue;
     }
     // Time the supervisor itself was not running (a loaded or paused machine) is not the ranks' silence.
@@ -1070,77 +1197,7 @@ int Supervisor::Run() {
       if (r.exited) worst = std::max(worst, r.exit_code == 5 ? 0 : r.exit_code);
     }
     if (!alive || all_exited) {
-      // Give the last messages a moment to arrive.
-      PollFor(all_exited ? 0.2 : 1.0, [&] {
-        for (auto& [rank, r] : job_->ranks) {
-          if (!r.exited && !r.closed && r.conn >= 0) return false;
-        }
-        return true;
-      });
-      bool every = true, stopped = false, failed_input = false;
-      for (auto& [rank, r] : job_->ranks) {
-        every = every && r.exited;
-        stopped = stopped || (r.exited && r.exit_code == 5);
-        failed_input = failed_input || (r.failed && r.exit_code == 2);
-      }
-      if (every) {
-        // Every rank said goodbye: mpirun ends by itself once they have finalized.
-        const double end = clock_->Mono() + 30.0;
-        while (LauncherAlive() && clock_->Mono() < end) {
-          HandleEvents(server_->Poll(0.02));
-          TailLog();
-        }
-      }
-      if (LauncherAlive()) Teardown(10.0);
-      if (every && worst == 0) {
-        const bool grow = job_->growing;
-        AccountGeneration(final_step_ >= 0 ? final_step_ : job_->last_step);
-        job_.reset();
-        if (stopped && stopping_) {
-          return Finish(kExitStopped,
-                        time_warning_ ? "stopped at a checkpoint before the time limit"
-                                      : "stopped; `trainflow launch` with the same arguments resumes",
-                        time_warning_ ? "time_warning" : "stopped");
-        }
-        if (stopped && grow) {
-          Say("the job stopped at a checkpoint to grow");
-          Save();
-          continue;
-        }
-        if (!stopped) {
-          Save();
-          return Finish(kExitOk, fmt::format("the job finished (step {})", final_step_), "finished");
-        }
-        return Finish(kExitStopped, "the job stopped (stop_at_step or a signal to the ranks)", "stopped_outside");
-      }
-      if (failed_input) {
-        std::string error;
-        for (auto& [rank, r] : job_->ranks) {
-          if (r.failed && error.empty()) error = r.error;
-        }
-        Incident({{"kind", "bad_input"}, {"generation", job_->generation}, {"detail", error}, {"action", "stopped"}});
-        job_.reset();
-        return Finish(kExitBadInput, "the job stopped on a configuration or input error (not retried): " + error,
-                      "bad_input");
-      }
-      // mpirun ended without every rank saying goodbye: a failure (a rank killed before it connected,
-      // or the launcher itself).
-      int status = job_->launcher.status;
-      const bool child = job_->launcher.child;
-      std::string detail = child && WIFEXITED(status) ? fmt::format("mpirun exited with {}", WEXITSTATUS(status))
-                           : child && WIFSIGNALED(status) ? fmt::format("mpirun killed by signal {}", WTERMSIG(status))
-                                                                : "mpirun ended";
-      std::optional<json> d = Detect();
-      json incident = d ? *d : json{{"kind", "launcher"}, {"rank", -1}, {"detail", detail}};
-      std::set<int> culprits;
-      if (incident.value("rank", -1) >= 0) culprits.insert(incident.value("rank", -1));
-      if (incident.value("kind", "") == "bad_input") {
-        job_.reset();
-        return Finish(kExitBadInput,
-                      "the job stopped on a configuration or input error (not retried): " + incident.value("detail", ""),
-                      "bad_input");
-      }
-      Recover(incident, culprits);
+      if (std::optional<int> code = JobEnded(all_exited, worst)) return *code;
       continue;
     }
     if (job_->stop_sent) continue;  // a graceful stop is under way
@@ -1164,32 +1221,7 @@ int Supervisor::Run() {
       Recover(*incident, culprits);
       continue;
     }
-    // Periodic work: quarantined hosts' health, the hostfile, growing back at a checkpoint.
-    const double now = clock_->Mono();
-    HealthChecks();
-    if (now - last_hostfile_check_ > 2.0) {
-      last_hostfile_check_ = now;
-      RereadHostfile();
-    }
-    const int slots = TotalSlots(book_.Usable());
-    const int cap = o_.max_ranks > 0 ? o_.max_ranks : slots;
-    if (job_->all_connected && !job_->growing && job_->first_step >= 0) {
-      auto plan = PlanBatch(o_.global_rows, o_.max_batch_size, o_.min_ranks, std::max(cap, o_.min_ranks), slots);
-      if (plan.ok() && plan->exact && plan->world > job_->plan.world) {
-        Say(fmt::format("{} healthy slot(s) now: stopping at a checkpoint to grow from {} to {} ranks", slots,
-                        job_->plan.world, plan->world));
-        Incident({{"kind", "grow"}, {"generation", job_->generation}, {"from", job_->plan.world}, {"to", plan->world}});
-        for (auto& [rank, r] : job_->ranks) {
-          if (r.conn >= 0) server_->Send(r.conn, {{field::kType, msg::kStop}});
-        }
-        job_->growing = true;
-        job_->stop_sent = true;
-      }
-    }
-    if (now - last_save_ > 1.0) {
-      last_save_ = now;
-      Save();
-    }
+    Periodic();
   }
 }
 

@@ -128,6 +128,13 @@ class Supervisor {
   std::string HeartbeatAddress() const;
   static RankAddress AddressOf(const RankInfo& r) { return {r.host, r.pid, r.ppid}; }
   void Recover(json incident, const std::set<int>& culprits);
+  // The rescue exchange after a failure (the culprits excluded): the survivor with the newest whole
+  // state writes it, a second one at that step hashes its own; commit when they agree, else discard.
+  // Returns the incident's "rescue" record; *best_step: the survivors' newest step (-1: none).
+  json Rescue(const std::set<int>& culprits, int64_t* best_step);
+  // Counts the failure against its cause and the hosts it blames (the culprits', and a rank's own
+  // non-peer failure; never lateness), and quarantines hosts. Returns the hosts quarantined now.
+  std::vector<std::string> AccountHosts(const json& incident, const std::set<int>& culprits);
   // Polls up to timeout_s for each rank's answer of the type `wanted` gives it (other events are
   // handled as usual), stopping early when rank `needed` disconnects. Returns the answers that came.
   std::map<int, json> AwaitReplies(const std::map<int, const char*>& wanted, int needed, double timeout_s);
@@ -145,6 +152,15 @@ class Supervisor {
   void WriteEndpoints();
   bool RereadHostfile();
   int Finish(int code, const std::string& why, const char* reason);
+  // Run's steps; each returns the exit code when the supervisor ends, else nothing.
+  // No job: launches the next generation when the backoff and the budget allow, or waits for hosts.
+  std::optional<int> LaunchNext();
+  // The launcher ended or every rank said goodbye: finished, stopped, grown, bad input, or a failure.
+  std::optional<int> JobEnded(bool all_exited, int worst);
+  // While the job runs: health checks, the hostfile, growing back at a checkpoint, saving the state.
+  void Periodic();
+  // Asks every connected rank to finish its step, write a checkpoint and exit 5.
+  void SendStop();
   void PollFor(double seconds, const std::function<bool()>& done);
 
   LaunchOptions o_;

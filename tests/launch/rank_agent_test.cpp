@@ -61,7 +61,8 @@ class RankAgentTest : public ::testing::Test {
     ASSERT_TRUE(agent.ok()) << agent.status().ToString();
     ASSERT_NE(*agent, nullptr);
     agent_ = std::move(*agent);
-    const std::optional<Server::Event> hello = Await([](const Server::Event& e) { return e.kind == Server::Event::kHello; });
+    const std::optional<Server::Event> hello =
+        Await([](const Server::Event& e) { return e.kind == Server::Event::kHello; });
     ASSERT_TRUE(hello.has_value());
     conn_ = hello->conn;
   }

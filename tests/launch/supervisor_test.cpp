@@ -350,7 +350,8 @@ class SupervisorTest : public ::testing::Test {
     w.shell = &c_;
     w.signals = &signals_;
     w.pid = 4242;
-    w.listen = [this](const std::string&, int port, const std::string&) -> StatusOr<std::unique_ptr<HeartbeatTransport>> {
+    w.listen = [this](const std::string&, int port,
+                      const std::string&) -> StatusOr<std::unique_ptr<HeartbeatTransport>> {
       c_.port_listened = port;
       return std::unique_ptr<HeartbeatTransport>(new Forward(&c_));
     };
