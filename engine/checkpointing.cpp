@@ -26,6 +26,9 @@ using checkpoint::Checkpointer;
 using checkpoint::Manifest;
 using checkpoint::ObjectStore;
 
+// The tag of the rescue writer's object names ("step-N/rescue.params.000000", "part-rescue-r00000.json").
+constexpr char kRescueTag[] = "rescue";
+
 std::string ResidualName(const char* which, int rank) { return fmt::format("ef.{}.r{}", which, rank); }
 
 json StateJson(const TrainState& s, int64_t rows_per_step, int64_t nr, int64_t ns) {
@@ -254,7 +257,7 @@ StatusOr<TrainCheckpointing::Rescue> TrainCheckpointing::RescueWrite() {
   o.compress = regular.compress;
   o.writer_threads = regular.writer_threads;
   o.code_version = regular.code_version;
-  o.key_tag = "rescue";
+  o.key_tag = kRescueTag;
   o.manual_commit = true;
   o.buffers = 1;
   const int64_t P = trainer_.backend().layout().total();
@@ -276,14 +279,36 @@ StatusOr<TrainCheckpointing::Rescue> TrainCheckpointing::RescueWrite() {
   rescue_->Submit(snap, std::move(state));
   TF_RETURN_IF_ERROR(rescue_->Flush().WithContext(fmt::format("writing the rescue checkpoint of step {}", step)));
   rescue_step_ = step;
+  rescue_committed_ = false;
   return r;
 }
 
 Status TrainCheckpointing::RescueCommit() {
   if (!rescue_ || rescue_step_ < 0) return Status::Internal("RescueCommit without RescueWrite");
   TF_RETURN_IF_ERROR(rescue_->CommitNow(rescue_step_));
+  rescue_committed_ = true;
   SetCommittedCheckpoint(rescue_step_);
   return Status::OK();
+}
+
+Status TrainCheckpointing::RescueDiscard() {
+  if (!rescue_ || rescue_step_ < 0) return Status::OK();
+  if (rescue_committed_) {
+    return Status::Internal("the rescue checkpoint of step {} is committed; it is not discarded", rescue_step_);
+  }
+  const int64_t step = rescue_step_;
+  rescue_step_ = -1;  // whatever happens below, it is never committed
+  ObjectStore& store = rescue_->store();
+  // The part list first: without it the chunks are never read, even if deleting them fails.
+  Status s = store.Delete(checkpoint::PartKey(step, 0, kRescueTag));
+  if (s.ok()) {
+    StatusOr<std::vector<std::string>> keys =
+        store.List(fmt::format("{}/{}.", checkpoint::CheckpointPrefix(step), kRescueTag));
+    s = keys.status();
+    for (size_t i = 0; s.ok() && keys.ok() && i < keys->size(); ++i) s = store.Delete((*keys)[i]);
+  }
+  rescue_.reset();
+  return s.WithContext(fmt::format("discarding the rescue checkpoint of step {}", step));
 }
 
 Status TrainCheckpointing::CommitPending() {

@@ -70,6 +70,9 @@ class TrainCheckpointing {
   StatusOr<Rescue> RescueWrite();
   // Commits what RescueWrite wrote.
   Status RescueCommit();
+  // Deletes what RescueWrite wrote, uncommitted (the supervisor's cross-check failed), so it can be
+  // neither committed nor loaded. OK when nothing was written; Internal after RescueCommit.
+  Status RescueDiscard();
 
  private:
   explicit TrainCheckpointing(Trainer& trainer) : trainer_(trainer) {}
@@ -78,7 +81,8 @@ class TrainCheckpointing {
   Trainer& trainer_;
   std::unique_ptr<checkpoint::Checkpointer> ckpt_;
   std::unique_ptr<checkpoint::Checkpointer> rescue_;  // RescueWrite's one-off writer
-  int64_t rescue_step_ = -1;
+  int64_t rescue_step_ = -1;        // the step RescueWrite wrote (-1: none, or discarded)
+  bool rescue_committed_ = false;
   std::deque<int64_t> uncommitted_;  // several ranks: begun, not yet committed (same on every rank)
   int64_t last_begun_ = -1;
   double last_time_ = 0;  // rank 0: steady clock of the last checkpoint (or the start)

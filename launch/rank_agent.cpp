@@ -11,11 +11,14 @@
 #include "base/log.h"
 #include "base/progress.h"
 #include "base/stop_signal.h"
+#include "launch/protocol.h"
 
 namespace tf::launch {
 namespace {
 
 using json = nlohmann::json;
+namespace msg = protocol::msg;
+namespace field = protocol::field;
 
 std::string Getenv(const char* name) {
   const char* v = std::getenv(name);
@@ -64,13 +67,13 @@ StatusOr<std::unique_ptr<RankAgent>> RankAgent::FromEnvironment() {
   // The host name the supervisor knows: its own (mpirun), else Slurm's node name (srun).
   std::string host = Getenv("TRAINFLOW_HOST");
   if (host.empty()) host = Getenv("SLURMD_NODENAME");
-  o.identity = {{"rank", RankFromEnvironment()},
-                {"generation", generation},
-                {"host", host.empty() ? std::string(hostname) : host},
-                {"hostname", hostname},
-                {"pid", static_cast<int64_t>(::getpid())},
-                {"ppid", static_cast<int64_t>(::getppid())},
-                {"slurm_step", Getenv("SLURM_STEP_ID")}};
+  o.identity = {{field::kRank, RankFromEnvironment()},
+                {field::kGeneration, generation},
+                {field::kHost, host.empty() ? std::string(hostname) : host},
+                {field::kHostname, hostname},
+                {field::kPid, static_cast<int64_t>(::getpid())},
+                {field::kPpid, static_cast<int64_t>(::getppid())},
+                {field::kSlurmStep, Getenv("SLURM_STEP_ID")}};
   std::unique_ptr<RankAgent> agent(new RankAgent());
   RankAgent* self = agent.get();
   TF_ASSIGN_OR_RETURN(agent->client_, monitor::HeartbeatClient::Start(
@@ -81,22 +84,22 @@ StatusOr<std::unique_ptr<RankAgent>> RankAgent::FromEnvironment() {
 RankAgent::~RankAgent() { client_.reset(); }
 
 void RankAgent::OnCommand(const json& c) {
-  const std::string type = c.value("type", "");
-  if (type == "abort") {
-    RequestAbort(c.value("reason", std::string("the supervisor aborted the job")));
+  const std::string type = c.value(field::kType, "");
+  if (type == msg::kAbort) {
+    RequestAbort(c.value(field::kReason, std::string("the supervisor aborted the job")));
     return;
   }
-  if (type == "stop") {
+  if (type == msg::kStop) {
     RequestStop();
     return;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (type == "exit" && !lingering_) {
+  if (type == msg::kExit && !lingering_) {
     // A process of an earlier launch (or one told to leave before it failed): go now.
-    spdlog::warn("the supervisor ended this process: {}", c.value("reason", std::string("exit")));
+    spdlog::warn("the supervisor ended this process: {}", c.value(field::kReason, std::string("exit")));
     std::fflush(stdout);
     std::fflush(stderr);
-    ::_exit(c.value("code", static_cast<int>(kExitRetryable)));
+    ::_exit(c.value(field::kCode, static_cast<int>(kExitRetryable)));
   }
   commands_.push_back(c);
   cv_.notify_all();
@@ -109,11 +112,11 @@ int RankAgent::Linger(RescueTarget* target, const Status& failure, int code) {
     std::lock_guard<std::mutex> lock(mu_);
     lingering_ = true;
   }
-  client_->Send({{"type", "failed"},
-                 {"exit_code", code},
-                 {"error", failure.ToString()},
-                 {"step", target != nullptr ? target->step() : int64_t{-1}},
-                 {"rescuable", rescuable}},
+  client_->Send({{field::kType, msg::kFailed},
+                 {field::kExitCode, code},
+                 {field::kError, failure.ToString()},
+                 {field::kStep, target != nullptr ? target->step() : int64_t{-1}},
+                 {field::kRescuable, rescuable}},
                 /*keep=*/true);
   if (!Retryable(code)) return code;  // nothing to save: the supervisor stops the job
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kLingerS);
@@ -128,55 +131,66 @@ int RankAgent::Linger(RescueTarget* target, const Status& failure, int code) {
       c = std::move(commands_.front());
       commands_.pop_front();
     }
-    const std::string type = c.value("type", "");
-    if (type == "exit") return c.value("code", code);
-    if (type == "rescue" && rescuable) {
-      if (c.value("mode", "") == "hash") {
-        StatusOr<std::string> h = target->Hash();
-        client_->Send({{"type", "hash"},
-                       {"step", target->step()},
-                       {"ok", h.ok()},
-                       {"hash", h.ok() ? *h : ""},
-                       {"error", h.ok() ? "" : h.status().ToString()}},
-                      true);
-        continue;
-      }
-      const auto t0 = std::chrono::steady_clock::now();
-      StatusOr<RescueTarget::Written> r = target->Write();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r.ok()) {
-        spdlog::info("rescue: wrote the state of step {} in {:.2f} s{}", r->step, s,
-                     r->already ? " (a checkpoint of that step was already committed)" : "");
-      } else {
-        spdlog::warn("rescue: {}", r.status().ToString());
-      }
-      client_->Send({{"type", "rescued"},
-                     {"ok", r.ok()},
-                     {"step", r.ok() ? r->step : target->step()},
-                     {"hash", r.ok() ? r->hash : ""},
-                     {"already", r.ok() && r->already},
-                     {"seconds", s},
-                     {"error", r.ok() ? "" : r.status().ToString()}},
-                    true);
-      continue;
-    }
-    if (type == "commit" && rescuable) {
-      Status s = target->Commit();
-      if (s.ok()) {
-        spdlog::info("rescue: the checkpoint of step {} is committed", target->step());
-      } else {
-        spdlog::warn("rescue: commit failed: {}", s.ToString());
-      }
-      client_->Send({{"type", "committed"}, {"ok", s.ok()}, {"step", target->step()}, {"error", s.ToString()}},
-                    true);
-      continue;
+    const std::string type = c.value(field::kType, "");
+    if (type == msg::kExit) return c.value(field::kCode, code);
+    if (!rescuable) continue;
+    if (type == msg::kRescue) {
+      Rescue(*target, c.value(field::kMode, ""));
+    } else if (type == msg::kCommit) {
+      Answer(msg::kCommitted, target->step(), target->Commit());
+    } else if (type == msg::kDiscard) {
+      // The cross-check failed: what Write wrote must never be committed or loaded.
+      Answer(msg::kDiscarded, target->step(), target->Discard());
     }
   }
 }
 
+void RankAgent::Rescue(RescueTarget& target, const std::string& mode) {
+  if (mode == protocol::kModeHash) {
+    StatusOr<std::string> h = target.Hash();
+    client_->Send({{field::kType, msg::kHash},
+                   {field::kStep, target.step()},
+                   {field::kOk, h.ok()},
+                   {field::kHash, h.ok() ? *h : ""},
+                   {field::kError, h.ok() ? "" : h.status().ToString()}},
+                  true);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<RescueTarget::Written> r = target.Write();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (r.ok()) {
+    spdlog::info("rescue: wrote the state of step {} in {:.2f} s{}", r->step, s,
+                 r->already ? " (a checkpoint of that step was already committed)" : "");
+  } else {
+    spdlog::warn("rescue: {}", r.status().ToString());
+  }
+  client_->Send({{field::kType, msg::kRescued},
+                 {field::kOk, r.ok()},
+                 {field::kStep, r.ok() ? r->step : target.step()},
+                 {field::kHash, r.ok() ? r->hash : ""},
+                 {field::kAlready, r.ok() && r->already},
+                 {field::kSeconds, s},
+                 {field::kError, r.ok() ? "" : r.status().ToString()}},
+                true);
+}
+
+void RankAgent::Answer(const char* type, int64_t step, const Status& s) {
+  if (s.ok()) {
+    spdlog::info("rescue: the checkpoint of step {} is {}", step, type);
+  } else {
+    spdlog::warn("rescue: {} failed: {}", type == std::string(msg::kCommitted) ? "commit" : "discard", s.ToString());
+  }
+  client_->Send({{field::kType, type}, {field::kOk, s.ok()}, {field::kStep, step}, {field::kError, s.ToString()}},
+                true);
+}
+
 void RankAgent::Finish(int code) {
   const ProgressSnapshot p = ReadProgress();
-  client_->Send({{"type", "exit"}, {"exit_code", code}, {"step", p.step}, {"checkpoint_bytes", p.checkpoint_bytes}},
+  client_->Send({{field::kType, msg::kExit},
+                 {field::kExitCode, code},
+                 {field::kStep, p.step},
+                 {field::kCheckpointBytes, p.checkpoint_bytes}},
                 /*keep=*/true);
   client_.reset();  // sends what is queued (within a moment) and stops the thread
 }

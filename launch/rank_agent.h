@@ -11,15 +11,18 @@
 // After a failure the training thread calls Linger: it reports the failure and the step whose
 // state it still holds, then serves the supervisor's rescue commands — write that state as a
 // checkpoint, or hash it for a cross-check, then commit or discard — until told to exit (or
-// linger_s passes). Environment: TRAINFLOW_SUPERVISOR (HOST:PORT), TRAINFLOW_SUPERVISOR_SECRET,
-// TRAINFLOW_LAUNCH_GENERATION, TRAINFLOW_HOST (the host name the supervisor gave), and
-// TRAINFLOW_HEARTBEAT_INTERVAL (seconds, default 1). Thread safety: the training thread calls the
+// linger_s passes); after a failed cross-check, "discard" deletes the uncommitted write, so no half
+// rescue is ever committed or loaded. The messages are launch/protocol.h's. Environment:
+// TRAINFLOW_SUPERVISOR (HOST:PORT), TRAINFLOW_SUPERVISOR_SECRET, TRAINFLOW_LAUNCH_GENERATION,
+// TRAINFLOW_HOST (the host name the supervisor gave), and TRAINFLOW_HEARTBEAT_INTERVAL (seconds,
+// default 1). Thread safety: the training thread calls the
 // methods; the command handler runs on the heartbeat thread.
 #pragma once
 #include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +50,8 @@ class RescueTarget {
   virtual StatusOr<Written> Write() = 0;
   // Commits what Write wrote.
   virtual Status Commit() = 0;
+  // Deletes what Write wrote, uncommitted (the cross-check failed). OK when nothing was written.
+  virtual Status Discard() = 0;
 };
 
 // Whether `trainflow launch` started this process (TRAINFLOW_SUPERVISOR is set).
@@ -75,6 +80,10 @@ class RankAgent {
  private:
   RankAgent() = default;
   void OnCommand(const nlohmann::json& command);
+  // Serves a "rescue" command: writes the held state (mode write) or hashes it (mode hash), and answers.
+  void Rescue(RescueTarget& target, const std::string& mode);
+  // Logs and answers a commit or discard (`type`: committed or discarded): {type, ok, step, error}.
+  void Answer(const char* type, int64_t step, const Status& s);
 
   std::unique_ptr<monitor::HeartbeatClient> client_;
   std::mutex mu_;

@@ -12,6 +12,11 @@
 // secret, state.json (hosts, restarts, the running job's mpirun and ports) and incidents.jsonl. A
 // supervisor killed and started again with the same arguments adopts the job still running (its
 // ranks reconnect) or, when it is gone, resumes from the checkpoint. Thread safety: one thread.
+//
+// The parts: the state machine (launch/supervisor_machine.h), the job it controls
+// (launch/job_control.h), the state directory (launch/state_store.h), the decisions
+// (launch/policy.h), the messages to and from the ranks (launch/protocol.h) and the seams to the
+// world — clock, launcher, remote shell, heartbeat transport (launch/seams.h).
 #pragma once
 #include <map>
 #include <string>

@@ -13,4 +13,6 @@ StatusOr<TrainerRescue::Written> TrainerRescue::Write() {
 
 Status TrainerRescue::Commit() { return trainer_.checkpointing()->RescueCommit(); }
 
+Status TrainerRescue::Discard() { return trainer_.checkpointing()->RescueDiscard(); }
+
 }  // namespace tf

@@ -1,5 +1,5 @@
 // The rescue exchange of `trainflow launch` (launch/rank_agent.h) over a failed trainer's state
-// (engine/checkpointing.h: RescueWrite, RescueCommit, StateHash).
+// (engine/checkpointing.h: RescueWrite, RescueCommit, RescueDiscard, StateHash).
 #pragma once
 #include "engine/trainer.h"
 #include "launch/rank_agent.h"
@@ -14,6 +14,7 @@ class TrainerRescue final : public launch::RescueTarget {
   StatusOr<std::string> Hash() override;
   StatusOr<Written> Write() override;
   Status Commit() override;
+  Status Discard() override;
 
  private:
   Trainer& trainer_;
