@@ -1,6 +1,8 @@
 // Training configuration: everything about a run that is not the model's shape, parsed from JSON
 // with strict validation (unknown keys, wrong types and impossible values are InvalidArgument
-// naming the key and the source). Every key, its default and meaning: docs/configs.md.
+// naming the key and the source). A key's default is its member's initializer below; its type,
+// range, check and meaning are its row in the one table of keys in train_config.cpp, from which
+// the reader, TrainConfigToJson, `train --help` and docs/configs.md's keys table all come.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -143,9 +145,11 @@ void ResolveConfigPaths(const std::string& base_dir, nlohmann::json* train);
 // Whether `key` is a training config key of type boolean (a bare `--key` on the command line
 // means true).
 bool IsBooleanTrainKey(const std::string& key);
-// The model config keys, then every training config key with its type and default (one per
+// The model config keys, then every training config key with its type, default and help (one per
 // line), for `train --help`.
 std::string ConfigKeysHelp();
+// The keys table of docs/configs.md ("| key | type | default | meaning |", one row per key).
+std::string TrainConfigKeysMarkdown();
 
 void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, nlohmann::json* model,
                     nlohmann::json* train);
