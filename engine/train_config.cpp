@@ -3,6 +3,7 @@
 #include "base/env.h"
 #include "base/json.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -509,15 +510,20 @@ bool IsBooleanTrainKey(const std::string& key) {
 }
 
 std::string ConfigKeysHelp() {
+  // The documented spelling of a key's flag: --max-steps (--max_steps is an alias).
+  auto flag = [](std::string key) {
+    std::replace(key.begin(), key.end(), '_', '-');
+    return "--" + key;
+  };
   const TrainConfig defaults;
   std::string out = "Model config keys:";
-  for (const char* k : kModelKeys) out += fmt::format(" --{}", k);
+  for (const char* k : kModelKeys) out += " " + flag(k);
   out += "\nTraining config keys:\n";
   for (const Option& o : Options()) {
     std::string type = o.field.type;
     std::erase(type, '`');
     const std::string d = DefaultText(o.field.write(defaults));
-    out += fmt::format("  --{:<28} {}{}: {}\n", o.name, type, d == "\"\"" ? "" : ", default " + d, o.help);
+    out += fmt::format("  {:<30} {}{}: {}\n", flag(o.name), type, d == "\"\"" ? "" : ", default " + d, o.help);
   }
   return out;
 }

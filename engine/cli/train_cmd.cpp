@@ -185,8 +185,9 @@ Command AddTrainCommand(CLI::App& app) {
   cmd->add_option("--train", a->train_path, "Training config JSON");
   a->init_opt = cmd->add_option("--init-from", a->init_from, "Start from Hugging Face GPT-2 safetensors weights");
   cmd->allow_extras();
-  cmd->footer("Any training or model config key can be given as --key value (--max_steps 50 --lr 1e-3 --n_layer "
-              "2; a boolean key alone means true: --fresh); every key, its default and meaning: docs/configs.md.\n" +
+  cmd->footer("Any training or model config key can be given as --key value (--max-steps 50 --lr 1e-3 --n-layer "
+              "2; the spelling with underscores, --max_steps, is an alias; a boolean key alone means true: --fresh); "
+              "every key, its default and meaning: docs/configs.md.\n" +
               ConfigKeysHelp());
   return {[cmd] { return cmd->parsed(); },
           [cmd, a] {
