@@ -370,7 +370,8 @@ const std::vector<Option>& Options() {
       {"deterministic", Bool(&C::deterministic), "CUDA, attention cudnn: false takes the faster atomic backward",
        "CUDA with `\"attention\": \"cudnn\"`: `false` takes cuDNN's faster attention backward that accumulates dQ "
        "with fp32 atomics (runs are then not bit-reproducible); everything else is deterministic either way"},
-      {"gelu_fusion", IntOneOf(&C::gelu_fusion, {-1, 0, 1, 2}), "CUDA: the MLP's GELU in the GEMM epilogues",
+      {"gelu_fusion", IntOneOf(&C::gelu_fusion, {-1, 0, 1, 2}),
+       "CUDA: the MLP's GELU in the GEMM epilogues (-1: the default, currently 0 for both dtypes)",
        "CUDA: the MLP's GELU in the cuBLASLt GEMM epilogues: `0` separate kernels, `1` forward, `2` forward and "
        "backward, `-1` the default (currently 0; docs/cuda.md)"},
       {"compression", StrChecked(&C::compression, [](const std::string& v) {
@@ -509,21 +510,37 @@ bool IsBooleanTrainKey(const std::string& key) {
   return o != nullptr && std::string_view(o->field.json_type) == "a boolean";
 }
 
+namespace {
+
+// The documented spelling of a key's flag: --max-steps (--max_steps is an alias).
+std::string Flag(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return "--" + key;
+}
+
+// One line of `train --help`: the flag, type, default and help.
+std::string HelpLine(const Option& o) {
+  static const TrainConfig defaults;
+  std::string type = o.field.type;
+  std::erase(type, '`');
+  const std::string d = DefaultText(o.field.write(defaults));
+  return fmt::format("  {:<30} {}{}: {}\n", Flag(o.name), type, d == "\"\"" ? "" : ", default " + d, o.help);
+}
+
+}  // namespace
+
 std::string ConfigKeysHelp() {
-  // The documented spelling of a key's flag: --max-steps (--max_steps is an alias).
-  auto flag = [](std::string key) {
-    std::replace(key.begin(), key.end(), '_', '-');
-    return "--" + key;
-  };
-  const TrainConfig defaults;
   std::string out = "Model config keys:";
-  for (const char* k : kModelKeys) out += " " + flag(k);
+  for (const char* k : kModelKeys) out += " " + Flag(k);
   out += "\nTraining config keys:\n";
-  for (const Option& o : Options()) {
-    std::string type = o.field.type;
-    std::erase(type, '`');
-    const std::string d = DefaultText(o.field.write(defaults));
-    out += fmt::format("  {:<30} {}{}: {}\n", flag(o.name), type, d == "\"\"" ? "" : ", default " + d, o.help);
+  for (const Option& o : Options()) out += HelpLine(o);
+  return out;
+}
+
+std::string TrainKeysHelp(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const std::string& k : keys) {
+    if (const Option* o = FindOption(k)) out += HelpLine(*o);
   }
   return out;
 }

@@ -252,11 +252,10 @@ Command AddBenchCommand(CLI::App& app) {
       ->check(WholeNumber(0, 100))
       ->capture_default_str();
   cmd->allow_extras();
-  cmd->footer(
-      "Any training config key can be given as --key value (docs/configs.md), defined once for train and bench:\n"
-      "  --batch-size 4 --seq-len 64 --grad-accum-steps 1 --threads 0 --device auto|cpu|cuda --dtype bf16|fp32\n"
-      "  --attention flash|flash_simt|gemm|cudnn --recompute 0|1|2 --gelu-fusion -1|0|1|2 (-1: the default,\n"
-      "  currently 0 for both dtypes, docs/cuda.md) --fuse-residual true|false --deterministic true|false");
+  cmd->footer("Any training config key can be given as --key value, as for train (`trainflow train --help`, "
+              "docs/configs.md); those that shape the step:\n" +
+              TrainKeysHelp({"batch_size", "seq_len", "grad_accum_steps", "threads", "device", "dtype", "attention",
+                             "recompute", "gelu_fusion", "fuse_residual", "deterministic"}));
   return {[cmd] { return cmd->parsed(); }, [cmd, a] { return CmdBench(*a, cmd->remaining()); }};
 }
 
