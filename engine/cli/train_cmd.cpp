@@ -159,8 +159,11 @@ Status ResolveTrainCommand(const std::vector<std::string>& args, GPT2Config* mod
   std::vector<std::string> extras;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
-    std::string* into = a == "--model" ? &model_path : a == "--train" ? &train_path : a == "--init-from" ? &init_from
-                                                                                                        : nullptr;
+    const std::string flag = DashedFlag(a);  // as `trainflow train` reads it: --init_from = --init-from
+    std::string* into = flag == "--model"       ? &model_path
+                        : flag == "--train"     ? &train_path
+                        : flag == "--init-from" ? &init_from
+                                                : nullptr;
     if (into != nullptr) {
       if (i + 1 >= args.size()) return Status::InvalidArgument("train: {} has no value", a);
       *into = args[++i];

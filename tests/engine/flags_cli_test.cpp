@@ -3,6 +3,9 @@
 // keys, a plain `train` keeps a log, and a non-number where a number belongs is named as such.
 #include <string>
 
+#include "engine/cli/cli.h"
+#include "engine/train_config.h"
+#include "model/config.h"
 #include "tests/engine/cli_fixture.h"
 
 namespace tf {
@@ -30,6 +33,26 @@ TEST_F(FlagsCli, EveryCommandTakesBothSpellings) {
   EXPECT_EQ(e.exit_code, 0) << e;
   const RunResult s = Run({"sample", "--weights", Path("out/model.safetensors"), "--tokens", "3", "--top_k", "2"});
   EXPECT_EQ(s.exit_code, 0) << s;
+}
+
+// The train command `launch` and `slurm` check before they start anything reads its flags as
+// `trainflow train` does, in either spelling.
+TEST_F(FlagsCli, SupervisedTrainCommandTakesBothSpellings) {
+  GPT2Config model;
+  TrainConfig train;
+  for (const char* init : {"--init-from", "--init_from"}) {
+    SCOPED_TRACE(init);
+    // No --model: the model comes from the weights, which are not there (not "--model is required").
+    const Status s = ResolveTrainCommand({"train", init, Path("none.safetensors")}, &model, &train);
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s.message().find("--model is required"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("none.safetensors"), std::string::npos) << s.ToString();
+  }
+  for (const char* steps : {"--max-steps", "--max_steps"}) {
+    SCOPED_TRACE(steps);
+    ASSERT_TRUE(ResolveTrainCommand({"train", "--model", cli_testing::kByteTiny, steps, "7"}, &model, &train).ok());
+    EXPECT_EQ(train.max_steps, 7);
+  }
 }
 
 TEST_F(FlagsCli, TrainHelpListsTheKeys) {
