@@ -1,6 +1,8 @@
 // Training configuration: everything about a run that is not the model's shape, parsed from JSON
 // with strict validation (unknown keys, wrong types and impossible values are InvalidArgument
-// naming the key and the source). Every key, its default and meaning: docs/configs.md.
+// naming the key and the source). A key's default is its member's initializer below; its type,
+// range, check and meaning are its row in the one table of keys in train_config.cpp, from which
+// the reader, TrainConfigToJson, `train --help` and docs/configs.md's keys table all come.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -46,30 +48,18 @@ struct TrainConfig {
   // Data, output, misc.
   std::string train_data;
   std::string val_data;
-  // "auto" (what the token files record, else what the vocabulary implies), "byte" or "gpt2";
-  // tokenizer_dir: the GPT-2 files ("" = search, model/tokenizer.h FindGpt2TokenizerDir).
-  std::string tokenizer = "auto";
+  std::string tokenizer = "auto";  // "auto", "byte" or "gpt2"
   std::string tokenizer_dir;
   std::string out_dir = "out";
   std::string init_from;  // safetensors file with Hugging Face GPT-2 names, or "" for a fresh init
-  // Exact resume (engine/train_state.h): start from this training state file ("" = step 0);
-  // save_state: also write out_dir/train_state.safetensors (one per rank) with the outputs;
-  // stop_at_step: stop after this step as a SIGTERM would (state saved, exit code 5); 0 = never.
+  // Exact resume (engine/train_state.h) and reruns (docs/checkpoints.md, "Running the same
+  // command again").
   std::string resume_state;
   bool save_state = false;
   int64_t stop_at_step = 0;
-  // A rerun into an out_dir or checkpoint_dir that an earlier run left (docs/checkpoints.md,
-  // "Running the same command again"): fresh starts over at step 0 whatever is there; extend
-  // continues that run's state with this run's max_steps and schedule (a new trajectory from the
-  // resumed step on).
   bool fresh = false;
   bool extend = false;
-  // Checkpoints (checkpoint/, docs/checkpoints.md): where (a directory on a local or shared file
-  // system, or s3://bucket/prefix), how often (steps and/or seconds; a stop and the end of the run
-  // always write one), what to resume from ("auto": the newest valid checkpoint in checkpoint_dir,
-  // if any; "none"; or one checkpoint's location), retention, incremental checkpoints (a full one
-  // every checkpoint_full_every), the policy when one is due while two are still being written
-  // ("skip" or "wait"), the chunk size and compression.
+  // Checkpoints (checkpoint/, docs/checkpoints.md).
   std::string checkpoint_dir;
   int64_t checkpoint_interval = 0;
   double checkpoint_every_s = 0;
@@ -85,41 +75,24 @@ struct TrainConfig {
   uint64_t seed = 1337;
   int threads = 0;  // OpenMP threads; 0 = all cores
   bool shuffle = false;
-  // Backend: "auto" (cuda when a GPU is visible and the build has CUDA, else cpu), "cpu", "cuda";
-  // dtype of the CUDA backend's parameters/activations/gradients: "bf16" or "fp32".
+  // Backend ("auto", "cpu", "cuda") and the CUDA backend's options (model/gpt2_cuda.h, docs/cuda.md).
   std::string device = "auto";
   std::string dtype = "bf16";
-  // CUDA backend model options (model/gpt2_cuda.h, docs/cuda.md): attention "flash" (fused kernels
-  // of our own), "flash_simt" (their SIMT path), "gemm" (cuBLAS, stores the T x T probabilities) or
-  // "cudnn" (cuDNN's fused attention, bf16, libcudnn.so.9 loaded at run time);
-  // activation recomputation 0 (store all), 1 (GELU) or 2 (GELU and LayerNorms; the least memory).
   std::string attention = "flash";
   int recompute = 0;
-  // GELU in the MLP GEMMs' cuBLASLt epilogues: -1 default (model/gpt2_cuda.h), 0 off, 1 forward,
-  // 2 forward and backward.
-  int gelu_fusion = -1;
-  // false: separate residual-add kernels instead of folding them into the GEMM epilogues.
+  int gelu_fusion = -1;  // -1: model/gpt2_cuda.h's default
   bool fuse_residual = true;
-  // false: cuDNN attention's faster backward with fp32 atomics (runs are then not bit-reproducible).
   bool deterministic = true;
-  // Data parallelism (comm/, docs/distributed.md): gradient compression codec ("none", "bf16",
-  // "fp16", "int8", "int8-sr", "sign", "topk:D", or "auto" = measure and choose at start),
-  // reducer bucket sizes, and error feedback for lossy codecs.
+  // Data parallelism (comm/, docs/distributed.md).
   std::string compression = "none";
   double bucket_mb = 25.0;
   double first_bucket_mb = 1.0;
   bool error_feedback = true;
-  // Monitoring (monitor/, docs/monitoring.md): the HTTP endpoint every rank serves (/metrics and
-  // the dashboard) at HOST:PORT + local rank ("off" or "": none; port 0: any free port), an
-  // optional bearer-token file, and the peak TFLOP/s per rank for MFU (0: known GPUs' datasheet
-  // figure, the CPU's from its cores, clock and vector width).
+  // Monitoring (monitor/, docs/monitoring.md).
   std::string metrics_addr = "127.0.0.1:9470";
   std::string metrics_token_file;
   double peak_tflops = 0;
-  // Anomaly guards (engine/anomaly_guard.h): the action on a non-finite loss or gradient norm and
-  // on a spike (log(1 + value) more than anomaly_zscore standard deviations above the mean of the
-  // last anomaly_window accepted steps'): "warn", "skip" (the update is not applied), "stop", "rollback"
-  // (to the newest checkpoint, skipping the data since), or "off" (spikes only).
+  // Anomaly guards (engine/anomaly_guard.h).
   std::string anomaly_nonfinite = "stop";
   std::string anomaly_spike = "warn";
   double anomaly_zscore = 8.0;
@@ -143,9 +116,13 @@ void ResolveConfigPaths(const std::string& base_dir, nlohmann::json* train);
 // Whether `key` is a training config key of type boolean (a bare `--key` on the command line
 // means true).
 bool IsBooleanTrainKey(const std::string& key);
-// The model config keys, then every training config key with its type and default (one per
+// The model config keys, then every training config key with its type, default and help (one per
 // line), for `train --help`.
 std::string ConfigKeysHelp();
+// The lines of ConfigKeysHelp for the training config keys `keys` (unknown ones left out).
+std::string TrainKeysHelp(const std::vector<std::string>& keys);
+// The keys table of docs/configs.md ("| key | type | default | meaning |", one row per key).
+std::string TrainConfigKeysMarkdown();
 
 void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& overrides, nlohmann::json* model,
                     nlohmann::json* train);

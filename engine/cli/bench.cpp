@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <omp.h>
 
+#include "engine/cli/command.h"
+#include "engine/cli/launch_cli.h"  // FiniteRange
 #include "engine/monitoring.h"
 #include "engine/trainer.h"
 #include "kernels/matmul.h"
@@ -161,6 +166,97 @@ StatusOr<BenchResult> RunBench(const GPT2Config& config, TrainConfig train, cons
 #endif
   if (o.gemm_peak && r.device == "cpu") r.gemm_peak_gflops = MeasureGemmPeak(2048, 2048, 2048, 7);
   return r;
+}
+
+// `trainflow bench`: the flags, the configs as `train` reads them, and the printed result.
+namespace {
+
+struct BenchArgs {
+  BenchOptions options;
+  std::string model_path, train_path;
+  bool no_fuse_residual = false, nondeterministic = false;
+};
+
+int CmdBench(const BenchArgs& a, const std::vector<std::string>& extras) {
+  GPT2Config config;
+  TrainConfig tc;
+  Status s = LoadConfigs(a.model_path, a.train_path, extras, [&](nlohmann::json* t) {
+    if (a.no_fuse_residual) (*t)["fuse_residual"] = false;
+    if (a.nondeterministic) (*t)["deterministic"] = false;
+  }, &config, &tc);
+  if (!s.ok()) return Fail(s);
+  const BenchOptions& bopt = a.options;
+  auto r = RunBench(config, tc, bopt);
+  if (!r.ok()) return Fail(r.status());
+  const std::string where = r->device == "cuda" ? "device=cuda" : fmt::format("threads={}", omp_get_max_threads());
+  fmt::print("bench: {} ({} params) B={} T={} {}: median {:.2f} ms/step (min {:.2f}, max {:.2f}) "
+             "over {} steps after {} warm-up, {:.0f} tokens/s, {:.1f} GFLOP/s (6*params*tokens)\n",
+             a.model_path, FormatParameterCount(NumParameters(config)), tc.batch_size, tc.seq_len, where, r->median_ms,
+             r->min_ms, r->max_ms, bopt.steps, bopt.warmup, r->tokens_per_s, r->gflops);
+  if (r->gemm_peak_gflops > 0) {
+    fmt::print("bench: SGEMM ceiling {:.1f} GFLOP/s ({} 2048^3, median); training step at {:.1f}% of it\n",
+               r->gemm_peak_gflops, cpu::gemm_engine_name(), 100.0 * r->gflops / r->gemm_peak_gflops);
+  }
+  if (r->device == "cuda") {
+    fmt::print("bench: {} on CUDA ({}): MFU {:.1f}% (6*params), {:.1f}% with attention FLOPs (llm.c's count); "
+               "device memory {:.2f} GB planned, {:.2f} GB in use\n",
+               tc.dtype, r->cuda_options, 100.0 * r->mfu, 100.0 * r->mfu_with_attention, r->planned_gb,
+               r->device_used_gb);
+  }
+  if (!r->profile.empty()) {
+    double total = 0;
+    for (const auto& row : r->profile) total += row.ms_per_step;
+    fmt::print("bench: GPU time per step by piece of work ({} profiled steps; {:.2f} ms in all); roofline = the "
+               "piece's least time at {:.0f} TFLOP/s and the measured {:.0f} GB/s copy bandwidth:\n",
+               bopt.profile_steps, total, r->peak_tflops, r->copy_gbs);
+    for (const auto& row : r->profile) {
+      const std::string roof = row.roofline_ms < 0 ? std::string("  roofline -")
+                                                   : fmt::format("  roofline {:8.3f} ms, at {:5.1f}%", row.roofline_ms,
+                                                                 100.0 * row.roofline_ms / row.ms_per_step);
+      fmt::print("PROFILE {:<18} {:8.3f} ms {:5.1f}%  {:6.1f} calls{}\n", row.name, row.ms_per_step,
+                 100.0 * row.ms_per_step / total, row.calls_per_step, roof);
+    }
+    fmt::print("bench: roofline step {:.2f} ms (every piece at its ceiling): MFU {:.1f}% at most with this "
+               "structure of the step; measured {:.2f} ms\n",
+               r->roofline_step_ms, 100.0 * r->roofline_mfu, r->median_ms);
+  }
+  // Only what was measured: MFU and device memory exist on a GPU, the GEMM ceiling with --gemm-peak.
+  std::string result = fmt::format("BENCH_RESULT ms_per_step={:.3f} tokens_per_s={:.1f} gflops={:.2f}", r->median_ms,
+                                   r->tokens_per_s, r->gflops);
+  if (r->gemm_peak_gflops > 0) result += fmt::format(" gemm_peak_gflops={:.2f}", r->gemm_peak_gflops);
+  if (r->device == "cuda") {
+    result += fmt::format(" mfu={:.4f} mfu_with_attention={:.4f} device_used_gb={:.2f}", r->mfu,
+                          r->mfu_with_attention, r->device_used_gb);
+  }
+  fmt::print("{}\n", result);
+  return 0;
+}
+
+}  // namespace
+
+Command AddBenchCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Time the training step `train` runs (median of N, warm-up excluded)");
+  auto a = std::make_shared<BenchArgs>();
+  BenchOptions& bopt = a->options;
+  cmd->add_option("--model", a->model_path, "Model config")->required();
+  cmd->add_option("--train", a->train_path, "Training config (batch shape, device, model options)");
+  cmd->add_option("--steps", bopt.steps, "Timed steps")->check(WholeNumber(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--warmup", bopt.warmup, "Untimed warm-up steps")->check(WholeNumber(0, 1 << 20))->capture_default_str();
+  cmd->add_option("--peak-tflops", bopt.peak_tflops, "CUDA peak for MFU (default: the GPU's dense datasheet figure, docs/monitoring.md; unknown GPUs: H100's bf16 989, fp32 67)")
+      ->check(FiniteRange(0, 1e6));
+  cmd->add_flag("--gemm-peak", bopt.gemm_peak, "Also measure the SGEMM ceiling (2048^3, the build's GEMM engine)");
+  cmd->add_flag("--no-fuse-residual", a->no_fuse_residual, "CUDA: as --fuse-residual false");
+  cmd->add_flag("--nondeterministic-attention", a->nondeterministic, "CUDA, attention cudnn: as --deterministic false");
+  cmd->add_option("--profile-steps", bopt.profile_steps,
+                  "CUDA: after the timed steps, N more with the GPU time of each piece of work (table)")
+      ->check(WholeNumber(0, 100))
+      ->capture_default_str();
+  cmd->allow_extras();
+  cmd->footer("Any training config key can be given as --key value, as for train (`trainflow train --help`, "
+              "docs/configs.md); those that shape the step:\n" +
+              TrainKeysHelp({"batch_size", "seq_len", "grad_accum_steps", "threads", "device", "dtype", "attention",
+                             "recompute", "gelu_fusion", "fuse_residual", "deterministic"}));
+  return {[cmd] { return cmd->parsed(); }, [cmd, a] { return CmdBench(*a, cmd->remaining()); }};
 }
 
 }  // namespace tf

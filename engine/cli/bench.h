@@ -2,7 +2,8 @@
 // training config selects (CPU or CUDA, every model option from engine/train_config.h) — on
 // synthetic tokens. Warm-up steps are excluded; reports the median (and min/max) of N steps,
 // tokens/s and the achieved FLOP rate counting 6 * params * tokens per step; on CUDA also MFU and,
-// with profile_steps, each piece of GPU work against its roofline (model/step_work.h).
+// with profile_steps, each piece of GPU work against its roofline (model/step_work.h). The
+// command and its flags: AddBenchCommand (engine/cli/command.h), in bench.cpp.
 #pragma once
 #include <string>
 #include <vector>

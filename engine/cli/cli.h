@@ -1,5 +1,8 @@
-// The `trainflow` command line (CLI11): train, prepare, eval, sample, export, report, checkpoint, env, bench.
-// Usage and every flag: `trainflow --help`, `trainflow <command> --help`; overview in README.md.
+// The `trainflow` command line (CLI11). Its commands, each in a file of its own under engine/cli/:
+// train, prepare, eval, sample, export, report (*_cmd.cpp), checkpoint (checkpoint_cli), launch and
+// health (launch_cli), slurm (slurm_cli), env (env_report), bench (bench). cli.cpp registers them
+// and runs the one named. Usage and every flag: `trainflow --help`, `trainflow <command> --help`;
+// overview in README.md.
 #pragma once
 #include <string>
 #include <vector>

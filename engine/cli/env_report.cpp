@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "comm/process_group.h"
+#include "engine/cli/command.h"
 #include "engine/train_backend.h"
 #include "kernels/matmul.h"
 
@@ -64,6 +65,15 @@ std::vector<std::pair<std::string, std::string>> EnvironmentReport() {
   r.emplace_back("MPI", fmt::format("{}; launcher {}, rank {} of {}{}", mpi_version, hint.launcher, hint.rank,
                                     hint.world, hint.world_known ? "" : " (size not given by the launcher)"));
   return r;
+}
+
+Command AddEnvCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("env", "What this build is and finds here: CUDA, GPUs, cuBLASLt, NCCL, cuDNN, MPI");
+  return {[cmd] { return cmd->parsed(); },
+          [] {
+            for (const auto& [name, value] : EnvironmentReport()) fmt::print("{:<10} {}\n", name + ":", value);
+            return 0;
+          }};
 }
 
 }  // namespace tf

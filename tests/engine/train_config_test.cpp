@@ -2,8 +2,11 @@
 // (unknown key, wrong type, missing key, impossible shape, out-of-range number) is
 // InvalidArgument whose message names the key and the source; ApplyOverrides routes keys to the
 // right JSON and types values; ValidateRun cross-checks the two configs; every shipped config in
-// configs/ parses.
+// configs/ parses; docs/configs.md's keys table is the one the table of keys generates.
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -340,6 +343,48 @@ TEST(ShippedConfigsTest, GPT2SmallHasHuggingFaceParameterCount) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   // Hugging Face's GPT2LMHeadModel "gpt2": 124,439,808 parameters (tied lm_head not counted twice).
   EXPECT_EQ(NumParameters(*c), 124439808);
+}
+
+// ---- docs ------------------------------------------------------------------------------------
+
+// docs/configs.md holds TrainConfigKeysMarkdown() between these two lines. With
+// TRAINFLOW_WRITE_DOCS=1 the test rewrites that section instead of failing.
+constexpr const char* kTableBegin =
+    "<!-- The keys table comes from engine/train_config.cpp (TrainConfigKeysMarkdown); "
+    "tests/engine/train_config_test.cpp checks it. -->\n";
+constexpr const char* kTableEnd = "<!-- End of the keys table. -->\n";
+
+TEST(TrainConfigDocsTest, KeysTableInDocsIsTheGeneratedOne) {
+  const fs::path path = fs::path(TF_SOURCE_DIR) / "docs" / "configs.md";
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::string docs = text.str();
+  const size_t begin = docs.find(kTableBegin);
+  const size_t end = docs.find(kTableEnd);
+  ASSERT_NE(begin, std::string::npos) << path << " lacks the line " << kTableBegin;
+  ASSERT_NE(end, std::string::npos) << path << " lacks the line " << kTableEnd;
+  ASSERT_LT(begin, end);
+  const size_t from = begin + std::string(kTableBegin).size();
+  const std::string generated = TrainConfigKeysMarkdown();
+  if (const char* w = std::getenv("TRAINFLOW_WRITE_DOCS"); w != nullptr && std::string(w) == "1") {
+    docs.replace(from, end - from, generated);
+    std::ofstream(path) << docs;
+  }
+  EXPECT_EQ(docs.substr(from, end - from), generated)
+      << path << "'s keys table differs from the table of keys in engine/train_config.cpp; rerun with "
+      << "TRAINFLOW_WRITE_DOCS=1 to rewrite it";
+}
+
+TEST(TrainConfigDocsTest, EveryKeyIsReadWrittenAndDocumented) {
+  const json defaults = TrainConfigToJson(TrainConfig{});
+  const std::string table = TrainConfigKeysMarkdown();
+  for (const auto& [key, value] : defaults.items()) {
+    SCOPED_TRACE(key);
+    EXPECT_NE(table.find("| `" + key + "` |"), std::string::npos);
+    auto c = ParseTrainConfig(json{{key, value}}, kSource);  // every default is accepted as given
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+  }
+  EXPECT_GE(defaults.size(), 60u);
 }
 
 }  // namespace
