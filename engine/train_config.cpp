@@ -2,6 +2,7 @@
 
 #include "base/env.h"
 #include "base/json.h"
+#include "base/net.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -15,7 +16,6 @@
 
 #include "comm/codec.h"
 #include "model/tokenizer.h"
-#include "monitor/server.h"
 
 namespace tf {
 namespace {
@@ -384,8 +384,7 @@ const std::vector<Option>& Options() {
        "size of the first bucket (MiB), so communication starts early in backward"},
       {"error_feedback", Bool(&C::error_feedback), "lossy codecs carry what was not sent into the next step"},
       {"metrics_addr", StrChecked(&C::metrics_addr, [](const std::string& v) {
-         monitor::ServerOptions o;
-         return v == "off" || v.empty() ? Status::OK() : monitor::ParseHostPort(v, &o);
+         return v == "off" || v.empty() ? Status::OK() : ParseHostPort(v).status();
        }), "metrics endpoint and dashboard HOST:PORT (+ local rank); off: none",
        "every rank's metrics endpoint and dashboard (docs/monitoring.md) at `HOST:PORT` + local rank; a port in use "
        "moves on to a free one (logged); `\"off\"` or `\"\"`: none; port 0: any free port. Loopback unless an "

@@ -25,12 +25,13 @@
 
 #include "base/backoff.h"
 #include "base/json.h"
+#include "launch/protocol.h"
 #include "base/net.h"
 #include "base/progress.h"
 #include "base/random.h"
 #include "base/sha256.h"
 
-namespace tf::monitor {
+namespace tf::launch {
 namespace {
 
 using json = nlohmann::json;
@@ -163,16 +164,17 @@ struct HeartbeatClient::Impl {
 
   json Heartbeat() const {
     const ProgressSnapshot p = ReadProgress();
-    json hb = {{"type", "hb"},
-            {"step", p.step},
-            {"phase", PhaseName(p.phase)},
-            {"progress", p.progress},
-            {"checkpoint", p.checkpoint_step},
-            {"step_time", p.step_time},
-            {"start_step", p.start_step},
-            {"first_step_time", p.first_step_time},
-            {"checkpoint_bytes", p.checkpoint_bytes}};
-    if (std::string url = MetricsUrl(); !url.empty()) hb["metrics_url"] = std::move(url);
+    namespace field = protocol::field;
+    json hb = {{field::kType, protocol::msg::kHeartbeat},
+               {field::kStep, p.step},
+               {field::kPhase, PhaseName(p.phase)},
+               {field::kProgress, p.progress},
+               {field::kCheckpoint, p.checkpoint_step},
+               {field::kStepTime, p.step_time},
+               {field::kStartStep, p.start_step},
+               {field::kFirstStepTime, p.first_step_time},
+               {field::kCheckpointBytes, p.checkpoint_bytes}};
+    if (std::string url = MetricsUrl(); !url.empty()) hb[field::kMetricsUrl] = std::move(url);
     return hb;
   }
 
@@ -195,7 +197,7 @@ struct HeartbeatClient::Impl {
     const std::string client_nonce = RandomHex(16);
     HeartbeatSession session(options.secret, server_nonce, client_nonce, /*is_server=*/false);
     json hello = options.identity;
-    hello["type"] = "hello";
+    hello[protocol::field::kType] = protocol::msg::kHello;
     if (!SendAllWithin(fd, "HELLO " + client_nonce + "\n" + session.Seal(hello), 2.0)) return;
     connected = true;
     auto next_hb = Clock::now();
@@ -425,7 +427,7 @@ struct HeartbeatServer::Impl {
         return;
       }
       if (!c.authenticated) {
-        if (body->value("type", "") != "hello") {
+        if (body->value(protocol::field::kType, "") != protocol::msg::kHello) {
           Drop(id, Event::kRejected, "the first message is not a hello");
           return;
         }
@@ -512,4 +514,4 @@ void HeartbeatServer::Close(int conn) {
   impl_->conns.erase(it);
 }
 
-}  // namespace tf::monitor
+}  // namespace tf::launch

@@ -26,7 +26,7 @@
 #include "base/random.h"
 #include "base/status.h"
 
-namespace tf::monitor {
+namespace tf::launch {
 
 inline constexpr size_t kMaxHeartbeatLine = 64 * 1024;
 
@@ -45,10 +45,6 @@ class HeartbeatSession {
   char send_dir_, recv_dir_;
   uint64_t send_seq_ = 0, recv_seq_ = 0;
 };
-
-using ::tf::RandomHex;  // base/random.h
-
-using ::tf::ConnectWithin;  // base/net.h
 
 struct HeartbeatClientOptions {
   std::string address;          // "HOST:PORT" of the supervisor
@@ -108,4 +104,4 @@ class HeartbeatServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tf::monitor
+}  // namespace tf::launch

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/backoff.h"
 #include "base/json.h"  // QuoteForMessage
 
 namespace tf::launch {
@@ -361,9 +362,7 @@ double RestartBackoff::NextDelay(double now) {
   started_.reset();
   if (consecutive_ < INT_MAX) ++consecutive_;
   if (consecutive_ == 1) return std::min(p_.first_s, p_.max_s);
-  double d = p_.base_s;
-  for (int k = 2; k < consecutive_ && d < p_.max_s; ++k) d *= p_.factor;
-  return std::min(d, p_.max_s);
+  return ExponentialDelay(p_.base_s, p_.factor, consecutive_ - 2, p_.max_s);
 }
 
 nlohmann::json RestartBackoff::ToJson() const {

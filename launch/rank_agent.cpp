@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/log.h"
+#include "base/net.h"
 #include "base/progress.h"
 #include "base/stop_signal.h"
 #include "launch/protocol.h"
@@ -41,7 +42,7 @@ void QuickExit(int code) {
 StatusOr<std::unique_ptr<RankAgent>> RankAgent::FromEnvironment() {
   const std::string address = Getenv("TRAINFLOW_SUPERVISOR");
   if (address.empty()) return std::unique_ptr<RankAgent>();
-  monitor::HeartbeatClientOptions o;
+  HeartbeatClientOptions o;
   o.address = address;
   o.secret = Getenv("TRAINFLOW_SUPERVISOR_SECRET");
   if (o.secret.empty()) {
@@ -62,8 +63,7 @@ StatusOr<std::unique_ptr<RankAgent>> RankAgent::FromEnvironment() {
       return Status::InvalidArgument("TRAINFLOW_LAUNCH_GENERATION='{}': expected a whole number >= 0", v);
     }
   }
-  char hostname[256] = {};
-  ::gethostname(hostname, sizeof(hostname) - 1);
+  const std::string hostname = HostName();
   // The host name the supervisor knows: its own (mpirun), else Slurm's node name (srun).
   std::string host = Getenv("TRAINFLOW_HOST");
   if (host.empty()) host = Getenv("SLURMD_NODENAME");
@@ -76,7 +76,7 @@ StatusOr<std::unique_ptr<RankAgent>> RankAgent::FromEnvironment() {
                 {field::kSlurmStep, Getenv("SLURM_STEP_ID")}};
   std::unique_ptr<RankAgent> agent(new RankAgent());
   RankAgent* self = agent.get();
-  TF_ASSIGN_OR_RETURN(agent->client_, monitor::HeartbeatClient::Start(
+  TF_ASSIGN_OR_RETURN(agent->client_, HeartbeatClient::Start(
                                           std::move(o), [self](const json& c) { self->OnCommand(c); }));
   return agent;
 }

@@ -85,7 +85,7 @@ class RankAgent {
   // Logs and answers a commit or discard (`type`: committed or discarded): {type, ok, step, error}.
   void Answer(const char* type, int64_t step, const Status& s);
 
-  std::unique_ptr<monitor::HeartbeatClient> client_;
+  std::unique_ptr<HeartbeatClient> client_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<nlohmann::json> commands_;  // guarded by mu_: rescue commands for Linger

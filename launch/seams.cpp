@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+#include "base/clock.h"
+#include "base/net.h"
 #include "base/subprocess.h"
 
 namespace tf::launch {
@@ -23,12 +25,8 @@ namespace {
 
 class RealClock final : public Clock {
  public:
-  double Mono() override {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
-  double Wall() override {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  }
+  double Mono() override { return MonotonicSeconds(); }
+  double Wall() override { return UnixSeconds(); }
   void Sleep(double seconds) override { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
 };
 
@@ -103,10 +101,7 @@ class CommandShell final : public RemoteShell {
     return RunCommand(argv, timeout_s, output);
   }
   bool IsLocal(const std::string& host) override {
-    if (host == "localhost" || host.starts_with("127.")) return true;
-    char name[256] = {};
-    ::gethostname(name, sizeof(name) - 1);
-    return host == name;
+    return host == "localhost" || host.starts_with("127.") || host == HostName();
   }
 
  private:
@@ -129,14 +124,14 @@ class CommandShell final : public RemoteShell {
 
 class ServerTransport final : public HeartbeatTransport {
  public:
-  explicit ServerTransport(std::unique_ptr<monitor::HeartbeatServer> server) : server_(std::move(server)) {}
+  explicit ServerTransport(std::unique_ptr<HeartbeatServer> server) : server_(std::move(server)) {}
   int port() const override { return server_->port(); }
   std::vector<Event> Poll(double timeout_s) override { return server_->Poll(timeout_s); }
   bool Send(int conn, const nlohmann::json& body) override { return server_->Send(conn, body); }
   void Close(int conn) override { server_->Close(conn); }
 
  private:
-  std::unique_ptr<monitor::HeartbeatServer> server_;
+  std::unique_ptr<HeartbeatServer> server_;
 };
 
 std::atomic<int> g_signals{0};
@@ -180,7 +175,7 @@ std::unique_ptr<RemoteShell> NewCommandShell(std::string rsh_agent, std::string 
 TransportFactory HeartbeatServerTransport() {
   return [](const std::string& host, int port,
             const std::string& secret) -> StatusOr<std::unique_ptr<HeartbeatTransport>> {
-    TF_ASSIGN_OR_RETURN(auto server, monitor::HeartbeatServer::Listen(host, port, secret));
+    TF_ASSIGN_OR_RETURN(auto server, HeartbeatServer::Listen(host, port, secret));
     return std::unique_ptr<HeartbeatTransport>(std::make_unique<ServerTransport>(std::move(server)));
   };
 }

@@ -79,7 +79,7 @@ std::unique_ptr<RemoteShell> NewCommandShell(std::string rsh_agent, std::string 
 
 class HeartbeatTransport {
  public:
-  using Event = monitor::HeartbeatServer::Event;
+  using Event = HeartbeatServer::Event;
   virtual ~HeartbeatTransport() = default;
   virtual int port() const = 0;
   // Waits up to timeout_s for activity and returns what happened (possibly nothing).

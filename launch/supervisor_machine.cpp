@@ -17,6 +17,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/clock.h"
+#include "base/random.h"
 #include "launch/protocol.h"
 
 namespace tf::launch {
@@ -28,12 +30,6 @@ namespace msg = protocol::msg;
 namespace field = protocol::field;
 
 constexpr uint64_t kMaxHostfileBytes = uint64_t{64} << 20;
-
-std::string IsoTime(double unix_s) {
-  const std::time_t t = static_cast<std::time_t>(unix_s);
-  return fmt::format("{:%Y-%m-%dT%H:%M:%S}.{:03d}Z", fmt::gmtime(t),
-                     static_cast<int>((unix_s - std::floor(unix_s)) * 1000));
-}
 
 std::string ExitDescription(int code) {
   switch (code) {
@@ -126,7 +122,7 @@ void Supervisor::Say(const std::string& line) {
 
 Status Supervisor::Open() {
   TF_RETURN_IF_ERROR(store_.Lock(world_.pid));
-  TF_ASSIGN_OR_RETURN(secret_, store_.Secret(monitor::RandomHex(32)));
+  TF_ASSIGN_OR_RETURN(secret_, store_.Secret(RandomHex(32)));
   book_.SetHosts(o_.hosts);
   if (!o_.hostfile.empty()) {
     std::error_code ec;
@@ -189,7 +185,7 @@ void Supervisor::Save() {
   json st;
   st["version"] = 1;
   st["pid"] = world_.pid;
-  st["updated"] = IsoTime(clock_->Wall());
+  st["updated"] = IsoUtcMillis(clock_->Wall());
   st["generation"] = generation_;
   st["restarts"] = restarts_;
   st["max_restarts"] = o_.max_restarts;
@@ -225,7 +221,7 @@ void Supervisor::Save() {
                  {"grad_accum_steps", job_->plan.grad_accum_steps},
                  {"hosts", FormatHostfile(job_->hosts)},
                  {"log", job_->log_path},
-                 {"started", IsoTime(job_->started_wall)},
+                 {"started", IsoUtcMillis(job_->started_wall)},
                  {"start_step", job_->start_step},
                  {"ranks", ranks}};
   }
@@ -246,7 +242,7 @@ void Supervisor::Save() {
 }
 
 void Supervisor::Incident(json record) {
-  record["time"] = IsoTime(clock_->Wall());
+  record["time"] = IsoUtcMillis(clock_->Wall());
   if (Status s = store_.AppendIncident(record); !s.ok()) spdlog::error("cannot record the incident ({}): {}", record.dump(), s.ToString());
 }
 

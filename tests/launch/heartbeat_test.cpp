@@ -18,7 +18,7 @@
 
 #include "base/progress.h"
 
-namespace tf::monitor {
+namespace tf::launch {
 namespace {
 
 using json = nlohmann::json;
@@ -225,4 +225,4 @@ TEST(HeartbeatTest, BadOptionsAreErrors) {
 }
 
 }  // namespace
-}  // namespace tf::monitor
+}  // namespace tf::launch

@@ -20,7 +20,7 @@ namespace tf::launch {
 namespace {
 
 using json = nlohmann::json;
-using Server = monitor::HeartbeatServer;
+using Server = launch::HeartbeatServer;
 namespace msg = protocol::msg;
 namespace field = protocol::field;
 
