@@ -646,22 +646,27 @@ void Supervisor::PollFor(double seconds, const std::function<bool()>& done) {
   }
 }
 
+namespace {
+
+// The job's measured seconds per step between its first and last reported steps; 0 when unknown.
+double SecondsPerStep(const Job& job) {
+  if (job.first_step < 0 || job.last_step <= job.first_step || job.start_step < 0) return 0;
+  const double per_step = (job.last_step_time - job.first_step_time) / static_cast<double>(job.last_step - job.first_step);
+  return std::isfinite(per_step) && per_step > 0 ? per_step : 0;
+}
+
+}  // namespace
+
 double Supervisor::RunningProductive() const {
-  if (!job_ || job_->accounted || job_->first_step < 0 || job_->last_step <= job_->first_step || job_->start_step < 0) {
-    return 0;
-  }
-  const double per_step =
-      (job_->last_step_time - job_->first_step_time) / static_cast<double>(job_->last_step - job_->first_step);
-  if (!std::isfinite(per_step) || per_step <= 0) return 0;
-  return per_step * static_cast<double>(std::max<int64_t>(0, job_->last_step - job_->start_step));
+  if (!job_ || job_->accounted) return 0;
+  return SecondsPerStep(*job_) * static_cast<double>(std::max<int64_t>(0, job_->last_step - job_->start_step));
 }
 
 void Supervisor::AccountGeneration(int64_t kept_until_step) {
   Job& job = *job_;
   job.accounted = true;
-  if (job.first_step < 0 || job.last_step <= job.first_step || job.start_step < 0) return;
-  const double per_step = (job.last_step_time - job.first_step_time) / static_cast<double>(job.last_step - job.first_step);
-  if (!std::isfinite(per_step) || per_step <= 0) return;
+  const double per_step = SecondsPerStep(job);
+  if (per_step <= 0) return;
   const int64_t kept = std::max<int64_t>(0, kept_until_step - job.start_step);
   productive_s_ += per_step * static_cast<double>(kept);
   spdlog::debug("generation {}: steps {}..{} kept, {:.2f} ms per step", job.generation, job.start_step,
