@@ -11,7 +11,6 @@
 #include <omp.h>
 
 #include "engine/cli/command.h"
-#include "engine/cli/launch_cli.h"  // FiniteRange
 #include "engine/monitoring.h"
 #include "engine/trainer.h"
 #include "kernels/matmul.h"

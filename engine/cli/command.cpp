@@ -78,6 +78,17 @@ CLI::Validator WholeNumber(int64_t lo, int64_t hi) {
       fmt::format("INT in [{}, {}]", lo, hi));
 }
 
+CLI::Validator FiniteRange(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < lo || v > hi) {
+          return fmt::format("'{}' is not a number in [{}, {}]", text, lo, hi);
+        }
+        return "";
+      },
+      fmt::format("FLOAT in [{} - {}]", lo, hi));
+}
 
 CLI::Validator SeedValidator() { return WholeNumber(0, INT64_MAX); }
 

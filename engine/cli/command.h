@@ -44,6 +44,8 @@ int Fail(const Status& s);
 // messages for a non-number are "Value abc not in range" (and its NonNegativeNumber quotes a
 // 300-digit range, an unsigned option wraps -1).
 CLI::Validator WholeNumber(int64_t lo, int64_t hi);
+// A finite number in [lo, hi] (CLI::Range lets NaN and inf through).
+CLI::Validator FiniteRange(double lo, double hi);
 // A seed: a whole number >= 0 that fits int64.
 CLI::Validator SeedValidator();
 

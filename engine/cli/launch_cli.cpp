@@ -16,6 +16,7 @@
 #include "base/net.h"
 #include "base/subprocess.h"
 #include "engine/cli/cli.h"
+#include "engine/cli/command.h"
 #include "engine/cli/supervisor_flags.h"
 #include "engine/train_config.h"
 #include "launch/supervisor.h"
@@ -42,16 +43,7 @@ struct LaunchCommands {
   bool quiet = false;
 };
 
-namespace {
-
 using launch::LaunchOptions;
-
-int Fail(const Status& s) {
-  spdlog::error("{}", s.ToString());
-  return ExitCodeFor(s.code());
-}
-
-}  // namespace
 
 Status CheckProgram(const std::string& program, const std::string& what) {
   if (program.empty()) return Status::InvalidArgument("{} is empty", what);
@@ -69,18 +61,6 @@ Status CheckProgram(const std::string& program, const std::string& what) {
     if (runnable((d.empty() ? std::string(".") : d) + "/" + program)) return Status::OK();
   }
   return Status::InvalidArgument("{} '{}' is not found on PATH", what, program);
-}
-
-CLI::Validator FiniteRange(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        double v = 0;
-        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < lo || v > hi) {
-          return fmt::format("'{}' is not a number in [{}, {}]", text, lo, hi);
-        }
-        return "";
-      },
-      fmt::format("FLOAT in [{} - {}]", lo, hi));
 }
 
 namespace {

@@ -12,8 +12,6 @@
 
 namespace tf {
 
-// A CLI11 check: a finite number in [lo, hi] (CLI::Range lets NaN through).
-CLI::Validator FiniteRange(double lo, double hi);
 // OK when `program` (a path, or a name looked up on PATH) is an executable file; else
 // InvalidArgument naming `what` (the flag).
 Status CheckProgram(const std::string& program, const std::string& what);

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/cli/cli.h"
+#include "engine/cli/command.h"
 #include "engine/cli/launch_cli.h"
 #include "engine/cli/supervisor_flags.h"
 #include "engine/train_config.h"
@@ -32,11 +33,6 @@ struct SlurmCommands {
 };
 
 namespace {
-
-int Fail(const Status& s) {
-  spdlog::error("{}", s.ToString());
-  return ExitCodeFor(s.code());
-}
 
 // `flag` in the train command, in either spelling (--out_dir, --out-dir), up to a bare "--".
 bool HasFlag(const std::vector<std::string>& args, const std::string& flag) {

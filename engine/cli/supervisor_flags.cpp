@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "base/progress.h"
-#include "engine/cli/launch_cli.h"
+#include "engine/cli/command.h"
 
 namespace tf {
 namespace {
