@@ -4,12 +4,11 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <chrono>
 #include <map>
-#include <random>
 
 #include <fmt/format.h>
 
+#include "base/random.h"
 #include "model/safetensors.h"
 
 namespace tf {
@@ -141,12 +140,7 @@ StatusOr<TrainState> ReadTrainStateMeta(const std::string& path, Env* env) {
   return StateFromMetadata(meta, path);
 }
 
-std::string NewRunId() {
-  std::random_device rd;
-  const uint64_t a = (uint64_t{rd()} << 32) ^ rd();
-  const uint64_t t = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  return fmt::format("{:016x}", a ^ XXH64(&t, sizeof(t), 0));
-}
+std::string NewRunId() { return RandomHex(8); }
 
 StatusOr<TrainState> ReadTrainState(const std::string& path, Env* env) {
   TF_ASSIGN_OR_RETURN(SafetensorsContents c, ReadSafetensors(path, env));
