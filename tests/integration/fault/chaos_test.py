@@ -627,9 +627,14 @@ def main():
             try:
                 CASES[name](args)
                 log(f"{name}: passed in {time.time() - t0:.1f} s")
-            except AssertionError as e:
+            except Exception as e:  # an assertion, or an error talking to the supervisor
                 failed.append(name)
-                log(f"{name}: FAILED: {e}")
+                log(f"{name}: FAILED: {type(e).__name__}: {e}")
+                sup_log = os.path.join(args.work, name, "supervisor.log")
+                if os.path.exists(sup_log):
+                    with open(sup_log, errors="replace") as f:
+                        tail = f.read().splitlines()[-60:]
+                    log(f"{name}: the last {len(tail)} lines of {sup_log}:\n" + "\n".join(tail))
     finally:
         if args.keep or failed:
             log(f"work directory kept: {args.work}")
