@@ -26,7 +26,7 @@ if [[ "$which" == first || "$which" == both ]]; then
     if [[ -z "$first" && "$line" =~ ^step\ +1/ ]]; then
       first=$(since "$t0")
     fi
-  done < <(cd "$d" && bash scripts/quickstart.sh --max_steps 5 2>&1 | tr -cd '\11\12\15\40-\176')
+  done < <(cd "$d" && bash scripts/quickstart.sh --max_steps 5 2>&1 | stdbuf -oL tr -cd '\11\12\15\40-\176')
   total=$(since "$t0")
   echo "first command ($rev): first training step after ${first:-never} s (whole command ${total} s)"
   rm -rf "$d"
