@@ -1,6 +1,9 @@
 // Tests for base/system_memory.h: MemAvailable parsed from meminfo texts (well-formed, missing,
-// malformed), read through Env from a temporary file and from the real /proc/meminfo.
+// malformed), read through Env from a temporary file and from the real /proc/meminfo; cgroup v1 and
+// v2 memory limits found in fake trees (the process's cgroup, an ancestor, a container's mount).
 #include "base/system_memory.h"
+
+#include <filesystem>
 
 #include <gtest/gtest.h>
 
@@ -53,6 +56,85 @@ TEST(SystemMemoryTest, RealMeminfoHasMemAvailable) {
   auto r = HostMemAvailable(Env::Default());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_GT(*r, 0);
+}
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// A fake /proc and /sys/fs/cgroup: meminfo says 20 GiB are available.
+class CgroupTest : public ::testing::Test {
+ protected:
+  CgroupTest() {
+    paths_.meminfo = dir_.path() + "/meminfo";
+    paths_.self_cgroup = dir_.path() + "/self_cgroup";
+    paths_.cgroup_root = dir_.path() + "/cgroup";
+    Write("meminfo", "MemTotal: 33554432 kB\nMemAvailable: 20971520 kB\n");
+  }
+  void Write(const std::string& relative, const std::string& content) {
+    const std::filesystem::path p = std::filesystem::path(dir_.path()) / relative;
+    std::filesystem::create_directories(p.parent_path());
+    ASSERT_TRUE(Env::Default()->WriteFileAtomically(p.string(), content).ok()) << p;
+  }
+  HostMemory Available() {
+    auto r = AvailableHostMemory(Env::Default(), paths_);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : HostMemory{};
+  }
+  std::string Cgroup(const std::string& relative) const { return paths_.cgroup_root + relative; }
+
+  testing_util::TestDir dir_{"tf_cgroup"};
+  SystemMemoryPaths paths_;
+};
+
+TEST_F(CgroupTest, NoCgroupIsMemAvailable) {
+  const HostMemory m = Available();
+  EXPECT_EQ(m.available, 20 * kGiB);
+  EXPECT_EQ(m.source, "MemAvailable in " + paths_.meminfo);
+}
+
+TEST_F(CgroupTest, V2LimitLessItsUsageAndInactiveCache) {
+  Write("self_cgroup", "0::/job\n");
+  Write("cgroup/job/memory.max", "8589934592\n");
+  Write("cgroup/job/memory.current", "1610612736\n");
+  Write("cgroup/job/memory.stat", "anon 1073741824\nactive_file 1\ninactive_file 536870912\n");
+  const HostMemory m = Available();
+  EXPECT_EQ(m.available, 8 * kGiB - (kGiB + kGiB / 2 - kGiB / 2));
+  EXPECT_EQ(m.source, "the room under the memory limit of cgroup " + Cgroup("/job") + " (memory.max 8.00 GiB)");
+
+  Write("cgroup/job/memory.max", "max\n");  // no limit
+  EXPECT_EQ(Available().available, 20 * kGiB);
+  Write("cgroup/job/memory.max", "34359738368\n");  // a limit above MemAvailable
+  EXPECT_EQ(Available().available, 20 * kGiB);
+}
+
+TEST_F(CgroupTest, V1AncestorLimitIsFound) {
+  Write("self_cgroup", "9:pids:/x\n4:cpu,memory:/slurm/uid_0/job_7\n0::/\n");
+  Write("cgroup/memory/slurm/uid_0/job_7/memory.limit_in_bytes", "9223372036854771712\n");  // unlimited
+  Write("cgroup/memory/slurm/uid_0/job_7/memory.usage_in_bytes", "1073741824\n");
+  Write("cgroup/memory/slurm/uid_0/memory.limit_in_bytes", "4294967296\n");
+  Write("cgroup/memory/slurm/uid_0/memory.usage_in_bytes", "1073741824\n");
+  const HostMemory m = Available();
+  EXPECT_EQ(m.available, 3 * kGiB);
+  EXPECT_EQ(m.source, "the room under the memory limit of cgroup " + Cgroup("/memory/slurm/uid_0") +
+                          " (memory.limit_in_bytes 4.00 GiB)");
+}
+
+TEST_F(CgroupTest, ContainerMountIsItsOwnCgroup) {
+  // The path names the host's view; the container sees its own cgroup at the mount's root.
+  Write("self_cgroup", "0::/docker/abc\n");
+  Write("cgroup/memory.max", "2147483648\n");
+  Write("cgroup/memory.current", "garbage\n");  // unreadable usage: no limit known
+  EXPECT_EQ(Available().available, 20 * kGiB);
+  Write("cgroup/memory.current", "0\n");
+  EXPECT_EQ(Available().available, 2 * kGiB);
+}
+
+TEST(SystemMemoryTest, RealProcessMemoryIsAtMostMemAvailable) {
+  auto host = HostMemAvailable(Env::Default());
+  auto process = AvailableHostMemory(Env::Default());
+  ASSERT_TRUE(host.ok() && process.ok());
+  EXPECT_GT(process->available, 0);
+  // Both read now; MemAvailable moves a little between the reads.
+  EXPECT_LE(process->available, *host + (int64_t{256} << 20)) << process->source;
 }
 
 }  // namespace
