@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -100,8 +101,8 @@ std::string DescribeStateBytes(const StateBytes& bytes, int zero_stage, int shar
 }
 
 StatusOr<MemoryBudget> HostMemoryBudget(Env* env, int ranks_here) {
-  TF_ASSIGN_OR_RETURN(const int64_t available, HostMemAvailable(env));
-  return MemoryBudget{available, fmt::format("MemAvailable in {}", kProcMeminfo), ranks_here};
+  TF_ASSIGN_OR_RETURN(HostMemory host, AvailableHostMemory(env));
+  return MemoryBudget{host.available, std::move(host.source), ranks_here};
 }
 
 Status CheckStateFits(int zero_stage, int shard_world, const std::function<StateBytes(int)>& plan_for_stage,

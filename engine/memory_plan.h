@@ -1,8 +1,8 @@
 // Memory planning for sharded data parallelism (ZeRO stages 0-3): the bytes of each kind of
 // training state one rank holds, how they read in a log line, and the start-up check that refuses
 // a configuration whose state will not fit the host's memory (CPU ranks) or the GPU's, naming the
-// numbers and the stage that would fit, instead of an OOM kill mid-run. Pure functions
-// (HostMemoryBudget reads /proc/meminfo through Env); thread-safe.
+// numbers and the stage that would fit, instead of an OOM kill mid-run. Pure functions but
+// HostMemoryBudget, which reads the host's memory through Env; thread-safe.
 //
 // Per rank, with N parameters (ParameterLayout(model).total()) and S = this rank's shard in
 // elements (padding included; from the shard plan): stage 0 holds everything; stage 1 shards the
@@ -58,7 +58,8 @@ struct MemoryBudget {
   int ranks_here = 1;     // ranks drawing on it: the ranks on this host for host memory, 1 for a GPU
 };
 
-// The host's budget: MemAvailable of /proc/meminfo (base/system_memory.h), shared by `ranks_here`.
+// The host's budget, shared by `ranks_here`: MemAvailable, or the room under this process's cgroup
+// memory limit when that is less (AvailableHostMemory, base/system_memory.h).
 StatusOr<MemoryBudget> HostMemoryBudget(Env* env, int ranks_here);
 
 // The state may use this share of the budget; the rest is left to what no plan counts (the
