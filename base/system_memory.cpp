@@ -127,10 +127,11 @@ StatusOr<HostMemory> AvailableHostMemory(Env* env, const SystemMemoryPaths& path
   std::string_view text = *self;
   while (!text.empty()) {
     const std::string_view line = NextLine(&text);
-    const size_t c1 = line.find(':'), c2 = line.find(':', c1 == std::string_view::npos ? 0 : c1 + 1);
-    if (c1 == std::string_view::npos || c2 == std::string_view::npos) continue;
+    const size_t c1 = line.find(':');
+    const size_t c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string_view::npos) continue;
     const std::string_view controllers = line.substr(c1 + 1, c2 - c1 - 1);
-    std::string_view cgroup = Trim(line.substr(c2 + 1));
+    const std::string_view cgroup = Trim(line.substr(c2 + 1));
     bool memory = false;
     for (std::string_view rest = controllers; !rest.empty();) {
       const size_t comma = std::min(rest.find(','), rest.size());
