@@ -279,24 +279,25 @@ Status MpiCommunicator::ReduceScatterSum(const void* send, void* recv, std::span
   std::vector<int> send_counts(static_cast<size_t>(world_)), send_displs(static_cast<size_t>(world_));
   std::vector<int> recv_counts(static_cast<size_t>(world_)), recv_displs(static_cast<size_t>(world_));
   int64_t total = 0, my_off = 0;
+  const auto slot = [&](int r) -> int64_t { return r < rank_ ? r : r - 1; };  // no slot for this rank
   for (int r = 0; r < world_; ++r) {
     const int64_t n = counts[static_cast<size_t>(r)];
     if (n < 0) return Status::InvalidArgument("reduce-scatter: negative count {} for rank {}", n, r);
-    if (r == rank_) my_off = total;
-    const int64_t in_scratch = static_cast<int64_t>(r) * mine;
+    const bool self = r == rank_;
+    if (self) my_off = total;
+    const int64_t in_scratch = self ? 0 : slot(r) * mine;
     if (n > INT_MAX || total > INT_MAX || in_scratch > INT_MAX) {
       return Status::InvalidArgument("reduce-scatter: block {} of {} elements at element {} exceeds MPI's int counts "
                                      "(reduce-scatter in pieces of under 2^31 elements)",
                                      r, n, total);
     }
-    const bool self = r == rank_;
     send_counts[static_cast<size_t>(r)] = self ? 0 : static_cast<int>(n);
     send_displs[static_cast<size_t>(r)] = static_cast<int>(total);
     recv_counts[static_cast<size_t>(r)] = self ? 0 : static_cast<int>(mine);
     recv_displs[static_cast<size_t>(r)] = static_cast<int>(in_scratch);
     total += n;
   }
-  const size_t scratch_bytes = static_cast<size_t>(mine) * static_cast<size_t>(world_) * es;
+  const size_t scratch_bytes = static_cast<size_t>(mine) * static_cast<size_t>(world_ - 1) * es;
   if (scratch_.size() * sizeof(double) < scratch_bytes) {
     try {
       scratch_.resize((scratch_bytes + sizeof(double) - 1) / sizeof(double));
@@ -314,7 +315,7 @@ Status MpiCommunicator::ReduceScatterSum(const void* send, void* recv, std::span
     std::vector<const T*> blocks(static_cast<size_t>(world_));
     for (int r = 0; r < world_; ++r) {
       blocks[static_cast<size_t>(r)] = r == rank_ ? static_cast<const T*>(send) + my_off
-                                                  : reinterpret_cast<const T*>(scratch_.data()) + r * mine;
+                                                  : reinterpret_cast<const T*>(scratch_.data()) + slot(r) * mine;
     }
     SumInRankOrder(blocks, mine, typed_recv);
   };

@@ -46,7 +46,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   std::atomic<bool> failed_{false};
-  // ReduceScatterSum's receive blocks (world * counts[rank] elements; doubles for alignment),
+  // ReduceScatterSum's receive blocks ((world - 1) * counts[rank] elements; doubles for alignment),
   // kept between calls so the reducer's buckets reuse one allocation.
   std::vector<double> scratch_;
 };
