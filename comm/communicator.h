@@ -41,6 +41,11 @@ class Communicator {
   virtual Status AllReduceSum(void* data, int64_t n, DataType dt) = 0;
   // counts (world entries) partitions send (sum(counts) elements, in rank order) into blocks;
   // recv (counts[rank] elements) = sum over ranks of their block number `rank`.
+  // Host communicators (single, MPI) add in rank order: each element is x_0 + x_1 + ... + x_{W-1},
+  // starting from rank 0's value, whatever the counts partition, so a sum never depends on which
+  // rank owns the element (ZeRO shards and replicated data parallelism agree bit for bit). recv
+  // may be send's block number `rank` itself (in place). fp32 and fp64 only (InvalidArgument
+  // otherwise). NCCL sums in its own (fixed) order.
   virtual Status ReduceScatterSum(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) = 0;
   // recv (sum(counts) elements) = every rank r's send (counts[r] elements), in rank order.
   virtual Status AllGatherV(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) = 0;

@@ -1,11 +1,13 @@
 #include "comm/mpi_communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -238,17 +240,91 @@ Status IntCounts(std::span<const int64_t> counts, int world, const char* what, s
 
 }  // namespace
 
+namespace {
+
+// out[i] = blocks[0][i] + blocks[1][i] + ... + blocks[W-1][i], added in that order, tile by tile
+// (a tile stays in cache while each block is added; the adds vectorise across i, never across
+// ranks). `out` may be one of the blocks: a tile is read completely before it is written.
+template <typename T>
+void SumInRankOrder(const std::vector<const T*>& blocks, int64_t n, T* out) {
+  constexpr int64_t kTile = 2048;
+  T acc[kTile];
+  for (int64_t off = 0; off < n; off += kTile) {
+    const int64_t len = std::min(kTile, n - off);
+    const T* first = blocks[0] + off;
+    for (int64_t i = 0; i < len; ++i) acc[i] = first[i];
+    for (size_t r = 1; r < blocks.size(); ++r) {
+      const T* x = blocks[r] + off;
+      for (int64_t i = 0; i < len; ++i) acc[i] += x[i];
+    }
+    std::memcpy(out + off, acc, static_cast<size_t>(len) * sizeof(T));
+  }
+}
+
+}  // namespace
+
 Status MpiCommunicator::ReduceScatterSum(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) {
   TF_RETURN_IF_ERROR(CheckUsable("reduce-scatter"));
-  if (dt == DataType::kBF16 || dt == DataType::kU8) {
-    return Status::Unimplemented("MPI reduce-scatter sums fp32/fp64 only");
+  if (dt != DataType::kF32 && dt != DataType::kF64) {
+    return Status::InvalidArgument("MPI reduce-scatter sums fp32/fp64 only");
   }
-  std::vector<int> c, displs;
-  TF_RETURN_IF_ERROR(IntCounts(counts, world_, "reduce-scatter", &c, &displs));
+  if (static_cast<int>(counts.size()) != world_) {
+    return Status::InvalidArgument("reduce-scatter: {} counts for a world of {}", counts.size(), world_);
+  }
+  // All-to-all-v: block r of send goes to rank r; this rank receives its block from every other
+  // rank into scratch_ (its own stays in send) and adds the W blocks in rank order, so every
+  // element's sum is x_0 + x_1 + ... + x_{W-1} whatever the partition.
+  const size_t es = DataTypeSize(dt);
+  const int64_t mine = counts[static_cast<size_t>(rank_)];
+  std::vector<int> send_counts(static_cast<size_t>(world_)), send_displs(static_cast<size_t>(world_));
+  std::vector<int> recv_counts(static_cast<size_t>(world_)), recv_displs(static_cast<size_t>(world_));
+  int64_t total = 0, my_off = 0;
+  const auto slot = [&](int r) -> int64_t { return r < rank_ ? r : r - 1; };  // no slot for this rank
+  for (int r = 0; r < world_; ++r) {
+    const int64_t n = counts[static_cast<size_t>(r)];
+    if (n < 0) return Status::InvalidArgument("reduce-scatter: negative count {} for rank {}", n, r);
+    const bool self = r == rank_;
+    if (self) my_off = total;
+    const int64_t in_scratch = self ? 0 : slot(r) * mine;
+    if (n > INT_MAX || total > INT_MAX || in_scratch > INT_MAX) {
+      return Status::InvalidArgument("reduce-scatter: block {} of {} elements at element {} exceeds MPI's int counts "
+                                     "(reduce-scatter in pieces of under 2^31 elements)",
+                                     r, n, total);
+    }
+    send_counts[static_cast<size_t>(r)] = self ? 0 : static_cast<int>(n);
+    send_displs[static_cast<size_t>(r)] = static_cast<int>(total);
+    recv_counts[static_cast<size_t>(r)] = self ? 0 : static_cast<int>(mine);
+    recv_displs[static_cast<size_t>(r)] = static_cast<int>(in_scratch);
+    total += n;
+  }
+  const size_t scratch_bytes = static_cast<size_t>(mine) * static_cast<size_t>(world_ - 1) * es;
+  if (scratch_.size() * sizeof(double) < scratch_bytes) {
+    try {
+      scratch_.resize((scratch_bytes + sizeof(double) - 1) / sizeof(double));
+    } catch (const std::bad_alloc&) {
+      return Status::InvalidArgument("reduce-scatter: out of memory for {} of receive buffers",
+                                     FormatBytes(scratch_bytes));
+    }
+  }
   MPI_Request req;
-  TF_MPI_RETURN_IF_ERROR(MPI_Ireduce_scatter(send, recv, c.data(), ToMpi(dt), MPI_SUM, comm_, &req));
-  return Wait(&req, "reduce-scatter",
-              (static_cast<size_t>(displs.back()) + static_cast<size_t>(c.back())) * DataTypeSize(dt));
+  TF_MPI_RETURN_IF_ERROR(MPI_Ialltoallv(send, send_counts.data(), send_displs.data(), ToMpi(dt), scratch_.data(),
+                                        recv_counts.data(), recv_displs.data(), ToMpi(dt), comm_, &req));
+  TF_RETURN_IF_ERROR(Wait(&req, "reduce-scatter", static_cast<size_t>(total) * es));
+  const auto sum = [&](auto* typed_recv) {
+    using T = std::remove_pointer_t<decltype(typed_recv)>;
+    std::vector<const T*> blocks(static_cast<size_t>(world_));
+    for (int r = 0; r < world_; ++r) {
+      blocks[static_cast<size_t>(r)] = r == rank_ ? static_cast<const T*>(send) + my_off
+                                                  : reinterpret_cast<const T*>(scratch_.data()) + slot(r) * mine;
+    }
+    SumInRankOrder(blocks, mine, typed_recv);
+  };
+  if (dt == DataType::kF32) {
+    sum(static_cast<float*>(recv));
+  } else {
+    sum(static_cast<double*>(recv));
+  }
+  return Status::OK();
 }
 
 Status MpiCommunicator::AllGatherV(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) {

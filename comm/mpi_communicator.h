@@ -1,7 +1,9 @@
 // MpiCommunicator: the CPU implementation of Communicator (comm/communicator.h) over MPI.
 //
 // Each collective is started non-blocking (MPI_Iallreduce, ...) and then polled with MPI_Test
-// until it completes or the deadline (timeout_seconds()) passes. The poll never sleeps (Open MPI
+// until it completes or the deadline (timeout_seconds()) passes. ReduceScatterSum is an
+// all-to-all-v (MPI_Ialltoallv) into a reusable scratch buffer followed by a rank-order sum on the
+// owner, so its results do not depend on the counts partition (MPI_Reduce_scatter's order may). The poll never sleeps (Open MPI
 // moves data only inside MPI calls; a sleeping poller starves TCP transfers) but yields the core
 // on every turn, so runnable compute threads go first. On timeout or MPI error the
 // communicator is marked failed (MPI cannot cancel a collective) and later calls fail at once;
@@ -15,6 +17,7 @@
 
 #include <atomic>
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -43,6 +46,9 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   std::atomic<bool> failed_{false};
+  // ReduceScatterSum's receive blocks ((world - 1) * counts[rank] elements; doubles for alignment),
+  // kept between calls so the reducer's buckets reuse one allocation.
+  std::vector<double> scratch_;
 };
 
 }  // namespace tf::comm

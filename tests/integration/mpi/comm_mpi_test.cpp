@@ -3,6 +3,7 @@
 // from what all ranks contribute (the inputs are a pure function of rank and index).
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -106,6 +107,56 @@ TEST_F(CommTest, ReduceScatterAndAllGatherVWithUnevenCounts) {
   }
   // Wrong number of counts is an error, not a hang.
   EXPECT_FALSE(comm_->ReduceScatterSum(send.data(), recv.data(), std::span(counts).first(1), DataType::kF32).ok());
+}
+
+// Random values of widely different magnitudes, so that the order of a sum changes its rounding.
+template <typename T>
+T Mixed(int rank, int64_t i) {
+  std::mt19937_64 g((static_cast<uint64_t>(rank) << 40) ^ (static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ULL));
+  const double unit = static_cast<double>(static_cast<int64_t>(g() % 2000001) - 1000000) * 1e-6;
+  return static_cast<T>(std::ldexp(unit, static_cast<int>(g() % 41) - 20));
+}
+
+// The reduce-scatter sums every element in rank order (x_0 + x_1 + ... + x_{W-1}), bit for bit,
+// whatever the counts partition: even blocks, skewed blocks with empty ones, and in place.
+template <typename T>
+void ExpectRankOrderSums(Communicator* comm, DataType dt) {
+  const int W = comm->world(), me = comm->rank();
+  const int64_t n = 10007;
+  std::vector<T> send(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) send[static_cast<size_t>(i)] = Mixed<T>(me, i);
+  std::vector<T> want(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    T s = Mixed<T>(0, i);
+    for (int r = 1; r < W; ++r) s += Mixed<T>(r, i);
+    want[static_cast<size_t>(i)] = s;
+  }
+  std::vector<int64_t> even(static_cast<size_t>(W), n / W), skewed(static_cast<size_t>(W), 0);
+  even[static_cast<size_t>(W - 1)] += n % W;
+  skewed[0] = n - 17;  // rank 0 owns almost everything, the middle ranks nothing
+  skewed[static_cast<size_t>(W - 1)] = 17;
+  for (const auto& counts : {even, skewed}) {
+    const int64_t off = std::accumulate(counts.begin(), counts.begin() + me, int64_t{0});
+    const int64_t mine = counts[static_cast<size_t>(me)];
+    std::vector<T> recv(static_cast<size_t>(mine) + 1, T(-1));
+    ASSERT_TRUE(comm->ReduceScatterSum(send.data(), recv.data(), counts, dt).ok());
+    EXPECT_EQ(0, std::memcmp(recv.data(), want.data() + off, static_cast<size_t>(mine) * sizeof(T)))
+        << "rank " << me << " of " << W << ": sums differ from the rank-order sums (" << mine << " elements)";
+    EXPECT_EQ(recv[static_cast<size_t>(mine)], T(-1)) << "wrote past counts[rank]";
+    std::vector<T> in_place = send;
+    ASSERT_TRUE(comm->ReduceScatterSum(in_place.data(), in_place.data() + off, counts, dt).ok());
+    EXPECT_EQ(0, std::memcmp(in_place.data() + off, want.data() + off, static_cast<size_t>(mine) * sizeof(T)))
+        << "in place";
+  }
+}
+
+TEST_F(CommTest, ReduceScatterSumsInRankOrderWhateverThePartition) {
+  ExpectRankOrderSums<float>(comm_.get(), DataType::kF32);
+  ExpectRankOrderSums<double>(comm_.get(), DataType::kF64);
+  std::vector<int64_t> counts(static_cast<size_t>(topo_.world), 4);
+  std::vector<uint16_t> bf16(static_cast<size_t>(4 * topo_.world));
+  const Status s = comm_->ReduceScatterSum(bf16.data(), bf16.data(), counts, DataType::kBF16);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
 }
 
 TEST_F(CommTest, AllGatherAllToAllBroadcastBarrier) {
@@ -213,6 +264,47 @@ TEST_F(CommTest, ReducerExactEqualsSerialAverageOnEveryRank) {
       EXPECT_GT(st.wire_bytes, 0);
       EXPECT_GE(st.exposed_ms, 0.0);
     }
+  }
+}
+
+// ZeRO mode: the reducer with a shard plan leaves on each rank's own range exactly the bits the
+// replicated reducer (which averages everything, partitioned per bucket) leaves there, and sends
+// only the reduce-scatter's bytes.
+TEST_F(CommTest, ReducerWithZeroPlanMatchesReplicatedOnOwnedRange) {
+  const int W = topo_.world, me = topo_.rank;
+  int64_t n = 0;
+  const Ranges ranges = OddRanges(&n);
+  for (auto [cap, max_chunk] : {std::pair<int64_t, int64_t>{4096, 64}, {1 << 16, 1 << 20}, {1 << 26, 1000}}) {
+    SCOPED_TRACE("bucket " + std::to_string(cap) + " max chunk " + std::to_string(max_chunk));
+    ReducerOptions o;
+    o.bucket_bytes = cap;
+    o.first_bucket_bytes = 1024;
+    std::vector<float> full(static_cast<size_t>(n)), sharded(static_cast<size_t>(n));
+    auto replicated = GradientReducer::Create(comm_.get(), full, ranges, o);
+    ASSERT_TRUE(replicated.ok()) << replicated.status().ToString();
+    const ShardPlan plan = ShardPlan::Make(n, W, max_chunk);
+    o.zero_plan = plan;
+    auto zero = GradientReducer::Create(comm_.get(), sharded, ranges, o);
+    ASSERT_TRUE(zero.ok()) << zero.status().ToString();
+    for (int step = 0; step < 2; ++step) {
+      for (int64_t i = 0; i < n; ++i) full[static_cast<size_t>(i)] = Mixed<float>(me, i * 2 + step);
+      sharded = full;
+      for (GradientReducer* r : {replicated->get(), zero->get()}) {
+        r->BeginStep(step);
+        for (auto [b, e] : ranges) r->MarkReady(b, e);
+        ASSERT_TRUE(r->Finish().ok());
+      }
+      const int64_t b = plan.begin(me), e = plan.end(me);
+      EXPECT_EQ(0, std::memcmp(full.data() + b, sharded.data() + b, static_cast<size_t>(e - b) * sizeof(float)))
+          << "rank " << me << " of " << W << ": owned range [" << b << ", " << e << ") differs from stage 0";
+      int64_t sent = 0;
+      for (const Bucket& bucket : (*zero)->buckets()) {
+        sent += (bucket.size() - plan.Counts(bucket.begin, bucket.end)[static_cast<size_t>(me)]) * 4;
+      }
+      EXPECT_EQ((*zero)->LastStats()->wire_bytes, sent);
+      EXPECT_LT((*zero)->LastStats()->wire_bytes, (*replicated)->LastStats()->wire_bytes);
+    }
+    ASSERT_TRUE(AllRanks(!::testing::Test::HasFailure()));
   }
 }
 
