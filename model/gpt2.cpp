@@ -39,9 +39,40 @@ StatusOr<std::unique_ptr<GPT2>> GPT2::Create(const GPT2Config& config, int max_b
     const double params_gib = 2.0 * ParameterLayout(config).total() * 4 / double(1 << 30);
     return Status::InvalidArgument(
         "out of memory allocating the model for batch {} x sequence {} ({:.2f} GiB of parameters and gradients "
-        "plus activations); reduce batch_size or seq_len",
-        max_batch, max_seq, params_gib);
+        "plus {:.2f} GiB of activations); reduce batch_size or seq_len",
+        max_batch, max_seq, params_gib, ActivationBytes(config, max_batch, max_seq) / double(1 << 30));
   }
+}
+
+int64_t GPT2::ActivationBytes(const GPT2Config& config, int max_batch, int max_seq) {
+  return PlanActivations(config, max_batch, max_seq, nullptr, nullptr) * 4;
+}
+
+int64_t GPT2::PlanActivations(const GPT2Config& config, int max_batch, int max_seq, GPT2* model, float* arena) {
+  const int64_t L = config.n_layer, C = config.n_embd, NH = config.n_head, Vp = config.padded_vocab_size;
+  const int64_t B = max_batch, T = max_seq, N = B * T;
+  // Each activation is rounded up to 16 floats so every one starts 64-byte aligned.
+  struct Slot {
+    float* GPT2::*member;
+    int64_t n;
+  };
+  const Slot slots[] = {
+      {&GPT2::encoded_, N * C},       {&GPT2::ln1_, L * N * C},          {&GPT2::ln1_mean_, L * N},
+      {&GPT2::ln1_rstd_, L * N},      {&GPT2::qkv_, L * N * 3 * C},      {&GPT2::atty_, L * N * C},
+      {&GPT2::att_, L * B * NH * T * T}, {&GPT2::residual2_, L * N * C}, {&GPT2::ln2_, L * N * C},
+      {&GPT2::ln2_mean_, L * N},      {&GPT2::ln2_rstd_, L * N},         {&GPT2::fch_, L * N * 4 * C},
+      {&GPT2::fch_gelu_, L * N * 4 * C}, {&GPT2::residual3_, L * N * C}, {&GPT2::lnf_, N * C},
+      {&GPT2::lnf_mean_, N},          {&GPT2::lnf_rstd_, N},             {&GPT2::logits_, N * Vp},
+      {&GPT2::losses_, N},            {&GPT2::dresidual_, N * C},        {&GPT2::dln_, N * C},
+      {&GPT2::datty_, N * C},         {&GPT2::dqkv_, N * 3 * C},         {&GPT2::dfch_, N * 4 * C},
+      {&GPT2::att_scratch_, cpu::attention_scratch_floats(static_cast<int>(T))},
+  };
+  int64_t total = 0;
+  for (const Slot& s : slots) {
+    if (model != nullptr) model->*s.member = arena + total;
+    total += (s.n + 15) / 16 * 16;
+  }
+  return total;
 }
 
 GPT2::GPT2(const GPT2Config& config, int max_batch, int max_seq)
@@ -50,33 +81,9 @@ GPT2::GPT2(const GPT2Config& config, int max_batch, int max_seq)
   grads_ = AlignedBuffer(layout_.total());
   p_ = MakeModelView(layout_, params_.data());
   g_ = MakeModelView(layout_, grads_.data());
-
-  const int64_t L = config.n_layer, C = config.n_embd, NH = config.n_head, Vp = config.padded_vocab_size;
-  const int64_t B = max_batch, T = max_seq, N = B * T;
-  // Each activation is rounded up to 16 floats so every one starts 64-byte aligned.
-  struct Slot {
-    float** ptr;
-    int64_t n;
-  };
-  const Slot slots[] = {
-      {&encoded_, N * C},       {&ln1_, L * N * C},        {&ln1_mean_, L * N},      {&ln1_rstd_, L * N},
-      {&qkv_, L * N * 3 * C},   {&atty_, L * N * C},       {&att_, L * B * NH * T * T},
-      {&residual2_, L * N * C}, {&ln2_, L * N * C},        {&ln2_mean_, L * N},      {&ln2_rstd_, L * N},
-      {&fch_, L * N * 4 * C},   {&fch_gelu_, L * N * 4 * C}, {&residual3_, L * N * C}, {&lnf_, N * C},
-      {&lnf_mean_, N},          {&lnf_rstd_, N},           {&logits_, N * Vp},       {&losses_, N},
-      {&dresidual_, N * C},     {&dln_, N * C},            {&datty_, N * C},         {&dqkv_, N * 3 * C},
-      {&dfch_, N * 4 * C},      {&att_scratch_, cpu::attention_scratch_floats(static_cast<int>(T))},
-  };
-  att_scratch_floats_ = cpu::attention_scratch_floats(static_cast<int>(T));
-  auto round16 = [](int64_t n) { return (n + 15) / 16 * 16; };
-  int64_t total = 0;
-  for (const Slot& s : slots) total += round16(s.n);
-  acts_ = AlignedBuffer(total);
-  int64_t off = 0;
-  for (const Slot& s : slots) {
-    *s.ptr = acts_.data() + off;
-    off += round16(s.n);
-  }
+  acts_ = AlignedBuffer(PlanActivations(config, max_batch, max_seq, nullptr, nullptr));
+  PlanActivations(config, max_batch, max_seq, this, acts_.data());
+  att_scratch_floats_ = cpu::attention_scratch_floats(max_seq);
 }
 
 void GPT2::InitWeights(uint64_t seed) { InitGPT2Weights(config_, seed, params_.span()); }

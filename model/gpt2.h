@@ -29,6 +29,9 @@ class GPT2 {
  public:
   // Plans activations for up to max_batch x max_seq tokens. REQUIRES: ValidateConfig(config) ok.
   static StatusOr<std::unique_ptr<GPT2>> Create(const GPT2Config& config, int max_batch, int max_seq);
+  // The activation arena's size in bytes for Create(config, max_batch, max_seq), without building
+  // a model (memory planning); equals that model's activation_bytes().
+  static int64_t ActivationBytes(const GPT2Config& config, int max_batch, int max_seq);
   GPT2(const GPT2&) = delete;
   GPT2& operator=(const GPT2&) = delete;
 
@@ -71,6 +74,8 @@ class GPT2 {
 
  private:
   GPT2(const GPT2Config& config, int max_batch, int max_seq);
+  // Points each activation member into `arena` (when non-null) and returns the arena's floats.
+  static int64_t PlanActivations(const GPT2Config& config, int max_batch, int max_seq, GPT2* model, float* arena);
   void Backward(const int32_t* inputs, int B, int T);
 
   GPT2Config config_;

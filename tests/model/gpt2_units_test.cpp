@@ -1,12 +1,12 @@
 // The model's units (model/parameters.h): contiguous flat ranges in buffer order, and typed views
-// of one unit's own storage.
+// of one unit's own storage; the activation plan without a model.
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "model/parameters.h"
+#include "model/gpt2.h"
 
 namespace tf {
 namespace {
@@ -59,6 +59,21 @@ TEST(GPT2Units, ViewsPointAtTheNamedTensors) {
   const FinalNormView f = MakeFinalNormView(layout, unit(kTiny.n_layer + 1));
   EXPECT_EQ(f.lnf_w, at("transformer.ln_f.weight"));
   EXPECT_EQ(f.lnf_b, at("transformer.ln_f.bias"));
+}
+
+TEST(GPT2Units, ActivationBytesPlansWithoutAModel) {
+  GPT2Config wide = kTiny;
+  wide.n_layer = 3;
+  wide.n_embd = 48;
+  wide.n_head = 3;
+  for (const GPT2Config& c : {kTiny, wide}) {
+    for (auto [B, T] : {std::pair{1, 1}, std::pair{2, 8}, std::pair{3, 16}}) {
+      auto m = GPT2::Create(c, B, T);
+      ASSERT_TRUE(m.ok()) << m.status().ToString();
+      EXPECT_EQ(GPT2::ActivationBytes(c, B, T), (*m)->activation_bytes()) << B << "x" << T;
+    }
+  }
+  EXPECT_GT(GPT2::ActivationBytes(kTiny, 2, 8), GPT2::ActivationBytes(kTiny, 1, 8));
 }
 
 }  // namespace
