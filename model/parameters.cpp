@@ -88,18 +88,4 @@ FinalNormView MakeFinalNormView(const ParameterLayout& layout, float* unit_base)
   return {unit_base + (t[t.size() - 2].offset - begin), unit_base + (t[t.size() - 1].offset - begin)};
 }
 
-ModelView MakeModelView(const ParameterLayout& layout, float* base) {
-  const EmbeddingView e = MakeEmbeddingView(layout, base);
-  ModelView v;
-  v.wte = e.wte;
-  v.wpe = e.wpe;
-  for (int l = 0; l < layout.n_layer(); ++l) {
-    v.blocks.push_back(MakeBlockView(layout, l, base + UnitRange(layout, 1 + l).first));
-  }
-  const FinalNormView f = MakeFinalNormView(layout, base + UnitRange(layout, layout.n_layer() + 1).first);
-  v.lnf_w = f.lnf_w;
-  v.lnf_b = f.lnf_b;
-  return v;
-}
-
 }  // namespace tf

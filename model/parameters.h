@@ -47,7 +47,7 @@ class ParameterLayout {
 
 // Units: the groups of parameters a sharded backend gathers, frees and reduces together, each one
 // contiguous flat range, in buffer order: unit 0 = wte + wpe, unit 1 + l = block l, unit n_layer + 1
-// = ln_f.
+// = ln_f. The CPU model asks for its parameters and gradients unit by unit (model/gpt2.h UnitStorage).
 int NumUnits(const ParameterLayout& layout);
 // Flat range [begin, end) of `unit`. REQUIRES: 0 <= unit < NumUnits(layout).
 std::pair<int64_t, int64_t> UnitRange(const ParameterLayout& layout, int unit);
@@ -96,14 +96,5 @@ EmbeddingView MakeEmbeddingView(const ParameterLayout& layout, float* unit_base)
 // REQUIRES: 0 <= layer < layout.n_layer().
 BlockView MakeBlockView(const ParameterLayout& layout, int layer, float* unit_base);
 FinalNormView MakeFinalNormView(const ParameterLayout& layout, float* unit_base);
-// The views of every unit of a whole flat buffer.
-struct ModelView {
-  float* wte;  // (Vp, C)
-  float* wpe;  // (block_size, C)
-  std::vector<BlockView> blocks;
-  float* lnf_w;  // (C)
-  float* lnf_b;  // (C)
-};
-ModelView MakeModelView(const ParameterLayout& layout, float* base);
 
 }  // namespace tf
