@@ -3,8 +3,10 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <new>
 
+#include "base/log.h"
 #include "kernels/attention.h"
 #include "kernels/classifier.h"
 #include "kernels/elementwise.h"
@@ -18,9 +20,38 @@ namespace {
 
 void Zero(float* p, int64_t n) { std::memset(p, 0, static_cast<size_t>(n) * sizeof(float)); }
 
+// The model's own flat buffers as units: pointers into them; GradsDone announces the unit's flat
+// range to the grad-ready hook (so the hook sees GradReadyRanges, in order).
+class FlatStorage final : public UnitStorage {
+ public:
+  FlatStorage(const ParameterLayout& layout, float* params, float* grads, const GPT2::GradReadyHook& hook)
+      : layout_(layout), params_(params), grads_(grads), hook_(hook) {}
+  float* AcquireParams(int unit) override { return params_ + UnitRange(layout_, unit).first; }
+  void ReleaseParams(int) override {}
+  float* AcquireGrads(int unit) override { return grads_ + UnitRange(layout_, unit).first; }
+  void GradsDone(int unit) override {
+    if (!hook_) return;
+    const auto [begin, end] = UnitRange(layout_, unit);
+    hook_(begin, end);
+  }
+
+ private:
+  const ParameterLayout& layout_;
+  float* params_;
+  float* grads_;
+  const GPT2::GradReadyHook& hook_;
+};
+
+float MissingStorage() {
+  spdlog::error("GPT2: a pass on a model created with external storage and no unit storage set "
+                "(call set_unit_storage first); nothing computed, loss NaN");
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
 }  // namespace
 
-StatusOr<std::unique_ptr<GPT2>> GPT2::Create(const GPT2Config& config, int max_batch, int max_seq) {
+StatusOr<std::unique_ptr<GPT2>> GPT2::Create(const GPT2Config& config, int max_batch, int max_seq,
+                                             bool external_storage) {
   TF_RETURN_IF_ERROR(ValidateConfig(config));
   if (max_batch <= 0 || max_seq <= 0) {
     return Status::InvalidArgument("batch ({}) and sequence length ({}) must be positive", max_batch, max_seq);
@@ -34,52 +65,63 @@ StatusOr<std::unique_ptr<GPT2>> GPT2::Create(const GPT2Config& config, int max_b
                                    int64_t{max_batch} * max_seq);
   }
   try {
-    return std::unique_ptr<GPT2>(new GPT2(config, max_batch, max_seq));
+    return std::unique_ptr<GPT2>(new GPT2(config, max_batch, max_seq, external_storage));
   } catch (const std::bad_alloc&) {
-    const double params_gib = 2.0 * ParameterLayout(config).total() * 4 / double(1 << 30);
+    const double params_gib = external_storage ? 0.0 : 2.0 * ParameterLayout(config).total() * 4 / double(1 << 30);
     return Status::InvalidArgument(
         "out of memory allocating the model for batch {} x sequence {} ({:.2f} GiB of parameters and gradients "
-        "plus activations); reduce batch_size or seq_len",
-        max_batch, max_seq, params_gib);
+        "plus {:.2f} GiB of activations); reduce batch_size or seq_len",
+        max_batch, max_seq, params_gib, ActivationBytes(config, max_batch, max_seq) / double(1 << 30));
   }
 }
 
-GPT2::GPT2(const GPT2Config& config, int max_batch, int max_seq)
-    : config_(config), layout_(config), max_batch_(max_batch), max_seq_(max_seq) {
-  params_ = AlignedBuffer(layout_.total());
-  grads_ = AlignedBuffer(layout_.total());
-  p_ = MakeModelView(layout_, params_.data());
-  g_ = MakeModelView(layout_, grads_.data());
+int64_t GPT2::ActivationBytes(const GPT2Config& config, int max_batch, int max_seq) {
+  return PlanActivations(config, max_batch, max_seq, nullptr, nullptr) * 4;
+}
 
+int64_t GPT2::PlanActivations(const GPT2Config& config, int max_batch, int max_seq, GPT2* model, float* arena) {
   const int64_t L = config.n_layer, C = config.n_embd, NH = config.n_head, Vp = config.padded_vocab_size;
   const int64_t B = max_batch, T = max_seq, N = B * T;
   // Each activation is rounded up to 16 floats so every one starts 64-byte aligned.
   struct Slot {
-    float** ptr;
+    float* GPT2::*member;
     int64_t n;
   };
   const Slot slots[] = {
-      {&encoded_, N * C},       {&ln1_, L * N * C},        {&ln1_mean_, L * N},      {&ln1_rstd_, L * N},
-      {&qkv_, L * N * 3 * C},   {&atty_, L * N * C},       {&att_, L * B * NH * T * T},
-      {&residual2_, L * N * C}, {&ln2_, L * N * C},        {&ln2_mean_, L * N},      {&ln2_rstd_, L * N},
-      {&fch_, L * N * 4 * C},   {&fch_gelu_, L * N * 4 * C}, {&residual3_, L * N * C}, {&lnf_, N * C},
-      {&lnf_mean_, N},          {&lnf_rstd_, N},           {&logits_, N * Vp},       {&losses_, N},
-      {&dresidual_, N * C},     {&dln_, N * C},            {&datty_, N * C},         {&dqkv_, N * 3 * C},
-      {&dfch_, N * 4 * C},      {&att_scratch_, cpu::attention_scratch_floats(static_cast<int>(T))},
+      {&GPT2::encoded_, N * C},       {&GPT2::ln1_, L * N * C},          {&GPT2::ln1_mean_, L * N},
+      {&GPT2::ln1_rstd_, L * N},      {&GPT2::qkv_, L * N * 3 * C},      {&GPT2::atty_, L * N * C},
+      {&GPT2::att_, L * B * NH * T * T}, {&GPT2::residual2_, L * N * C}, {&GPT2::ln2_, L * N * C},
+      {&GPT2::ln2_mean_, L * N},      {&GPT2::ln2_rstd_, L * N},         {&GPT2::fch_, L * N * 4 * C},
+      {&GPT2::fch_gelu_, L * N * 4 * C}, {&GPT2::residual3_, L * N * C}, {&GPT2::lnf_, N * C},
+      {&GPT2::lnf_mean_, N},          {&GPT2::lnf_rstd_, N},             {&GPT2::logits_, N * Vp},
+      {&GPT2::losses_, N},            {&GPT2::dresidual_, N * C},        {&GPT2::dln_, N * C},
+      {&GPT2::datty_, N * C},         {&GPT2::dqkv_, N * 3 * C},         {&GPT2::dfch_, N * 4 * C},
+      {&GPT2::att_scratch_, cpu::attention_scratch_floats(static_cast<int>(T))},
   };
-  att_scratch_floats_ = cpu::attention_scratch_floats(static_cast<int>(T));
-  auto round16 = [](int64_t n) { return (n + 15) / 16 * 16; };
   int64_t total = 0;
-  for (const Slot& s : slots) total += round16(s.n);
-  acts_ = AlignedBuffer(total);
-  int64_t off = 0;
   for (const Slot& s : slots) {
-    *s.ptr = acts_.data() + off;
-    off += round16(s.n);
+    if (model != nullptr) model->*s.member = arena + total;
+    total += (s.n + 15) / 16 * 16;
   }
+  return total;
 }
 
-void GPT2::InitWeights(uint64_t seed) { InitGPT2Weights(config_, seed, params_.span()); }
+GPT2::GPT2(const GPT2Config& config, int max_batch, int max_seq, bool external_storage)
+    : config_(config), layout_(config), max_batch_(max_batch), max_seq_(max_seq),
+      external_storage_(external_storage) {
+  if (!external_storage) {
+    params_ = AlignedBuffer(layout_.total());
+    grads_ = AlignedBuffer(layout_.total());
+    own_storage_ = std::make_unique<FlatStorage>(layout_, params_.data(), grads_.data(), grad_ready_);
+  }
+  acts_ = AlignedBuffer(PlanActivations(config, max_batch, max_seq, nullptr, nullptr));
+  PlanActivations(config, max_batch, max_seq, this, acts_.data());
+  att_scratch_floats_ = cpu::attention_scratch_floats(max_seq);
+}
+
+void GPT2::InitWeights(uint64_t seed) {
+  if (!external_storage_) InitGPT2Weights(config_, seed, params_.span());
+}
 
 void InitGPT2Weights(const GPT2Config& config_, uint64_t seed, std::span<float> params, bool parallel) {
   const ParameterLayout layout_(config_);
@@ -116,13 +158,30 @@ void InitGPT2Weights(const GPT2Config& config_, uint64_t seed, std::span<float> 
 }
 
 float GPT2::Forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
-  const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size, Vp = config_.padded_vocab_size;
+  UnitStorage* s = storage();
+  if (s == nullptr) return MissingStorage();
+  ForwardUnits(*s, inputs, B, T);
+  if (targets == nullptr) return 0.0f;
+  const int N = B * T;
+  // Loss only (dloss = 0 keeps the logits intact).
+  cpu::crossentropy_forward_backward(logits_, losses_, targets, N, config_.vocab_size, config_.padded_vocab_size,
+                                     0.0f);
+  double sum = 0.0;
+  for (int i = 0; i < N; ++i) sum += losses_[i];
+  return static_cast<float>(sum / N);
+}
+
+void GPT2::ForwardUnits(UnitStorage& s, const int32_t* inputs, int B, int T) {
+  const int C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size, L = config_.n_layer;
   const int N = B * T;
   const int64_t NC = int64_t{N} * C;
-  cpu::encoder_forward(encoded_, inputs, p_.wte, p_.wpe, B, T, C);
+  const EmbeddingView emb = MakeEmbeddingView(layout_, s.AcquireParams(0));
+  s.Prefetch(1);
+  cpu::encoder_forward(encoded_, inputs, emb.wte, emb.wpe, B, T, C);
   const float* residual = encoded_;
-  for (int l = 0; l < config_.n_layer; ++l) {
-    const BlockView& w = p_.blocks[static_cast<size_t>(l)];
+  for (int l = 0; l < L; ++l) {
+    const BlockView w = MakeBlockView(layout_, l, s.AcquireParams(1 + l));
+    s.Prefetch(2 + l);
     float* ln1 = ln1_ + l * NC;
     float* qkv = qkv_ + l * NC * 3;
     float* atty = atty_ + l * NC;
@@ -145,50 +204,53 @@ float GPT2::Forward(const int32_t* inputs, const int32_t* targets, int B, int T)
     cpu::matmul_forward(residual3, fch_gelu, w.fcproj_w, w.fcproj_b, N, 4 * C, C);
     cpu::accumulate(residual3, residual2, NC);
     residual = residual3;
+    s.ReleaseParams(1 + l);
   }
-  cpu::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, p_.lnf_w, p_.lnf_b, N, C);
-  cpu::matmul_forward(logits_, lnf_, p_.wte, nullptr, N, C, Vp);
-  if (targets == nullptr) return 0.0f;
-  // Loss only (dloss = 0 keeps the logits intact).
-  cpu::crossentropy_forward_backward(logits_, losses_, targets, N, V, Vp, 0.0f);
-  double sum = 0.0;
-  for (int i = 0; i < N; ++i) sum += losses_[i];
-  return static_cast<float>(sum / N);
+  const FinalNormView lnf = MakeFinalNormView(layout_, s.AcquireParams(L + 1));
+  cpu::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, lnf.lnf_w, lnf.lnf_b, N, C);
+  cpu::matmul_forward(logits_, lnf_, emb.wte, nullptr, N, C, Vp);
+  s.ReleaseParams(L + 1);
+  s.ReleaseParams(0);
 }
 
 float GPT2::ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale) {
-  Forward(inputs, nullptr, B, T);
+  UnitStorage* s = storage();
+  if (s == nullptr) return MissingStorage();
+  ForwardUnits(*s, inputs, B, T);
   const int N = B * T;
   // Fused: losses, then the logits buffer becomes d(mean loss * grad_scale)/dlogits.
   cpu::crossentropy_forward_backward(logits_, losses_, targets, N, config_.vocab_size, config_.padded_vocab_size,
                                      grad_scale / static_cast<float>(N));
   double sum = 0.0;
   for (int i = 0; i < N; ++i) sum += losses_[i];
-  Backward(inputs, B, T);
+  Backward(*s, inputs, B, T);
   return static_cast<float>(sum / N);
 }
 
-void GPT2::Backward(const int32_t* inputs, int B, int T) {
-  const int C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size;
+void GPT2::Backward(UnitStorage& s, const int32_t* inputs, int B, int T) {
+  const int C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size, L = config_.n_layer;
   const int N = B * T;
   const int64_t NC = int64_t{N} * C;
-  const ParameterLayout& lay = layout_;
-  const auto& tensors = lay.tensors();
-  auto ready = [&](int64_t begin, int64_t end) {
-    if (grad_ready_) grad_ready_(begin, end);
-  };
+  const EmbeddingView emb = MakeEmbeddingView(layout_, s.AcquireParams(0));
+  const FinalNormView lnf = MakeFinalNormView(layout_, s.AcquireParams(L + 1));
+  s.Prefetch(L);
+  const EmbeddingView demb = MakeEmbeddingView(layout_, s.AcquireGrads(0));
+  const FinalNormView dlnf = MakeFinalNormView(layout_, s.AcquireGrads(L + 1));
 
   // LM head (tied to wte): dlnf = dlogits @ wte; dwte += dlogits^T @ lnf.
   Zero(dln_, NC);
-  cpu::matmul_backward(dln_, g_.wte, nullptr, logits_, lnf_, p_.wte, N, C, Vp);
+  cpu::matmul_backward(dln_, demb.wte, nullptr, logits_, lnf_, emb.wte, N, C, Vp);
   Zero(dresidual_, NC);
-  const float* last_residual = config_.n_layer > 0 ? residual3_ + (config_.n_layer - 1) * NC : encoded_;
-  cpu::layernorm_backward(dresidual_, g_.lnf_w, g_.lnf_b, dln_, last_residual, p_.lnf_w, lnf_mean_, lnf_rstd_, N, C);
-  ready(tensors[tensors.size() - 2].offset, lay.total());
+  const float* last_residual = L > 0 ? residual3_ + (L - 1) * NC : encoded_;
+  cpu::layernorm_backward(dresidual_, dlnf.lnf_w, dlnf.lnf_b, dln_, last_residual, lnf.lnf_w, lnf_mean_, lnf_rstd_,
+                          N, C);
+  s.GradsDone(L + 1);
+  s.ReleaseParams(L + 1);
 
-  for (int l = config_.n_layer - 1; l >= 0; --l) {
-    const BlockView& w = p_.blocks[static_cast<size_t>(l)];
-    const BlockView& g = g_.blocks[static_cast<size_t>(l)];
+  for (int l = L - 1; l >= 0; --l) {
+    const BlockView w = MakeBlockView(layout_, l, s.AcquireParams(1 + l));
+    if (l > 0) s.Prefetch(l);
+    const BlockView g = MakeBlockView(layout_, l, s.AcquireGrads(1 + l));
     const float* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * NC;
     const float* ln1 = ln1_ + l * NC;
     const float* qkv = qkv_ + l * NC * 3;
@@ -215,10 +277,12 @@ void GPT2::Backward(const int32_t* inputs, int B, int T) {
     cpu::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, ln1, w.qkv_w, N, C, 3 * C);
     cpu::layernorm_backward(dresidual_, g.ln1_w, g.ln1_b, dln_, residual, w.ln1_w, ln1_mean_ + int64_t{l} * N,
                             ln1_rstd_ + int64_t{l} * N, N, C);
-    ready(lay.LayerBegin(l), lay.LayerEnd(l));
+    s.GradsDone(1 + l);
+    s.ReleaseParams(1 + l);
   }
-  cpu::encoder_backward(g_.wte, g_.wpe, dresidual_, inputs, B, T, C);
-  ready(0, lay.LayerBegin(0));
+  cpu::encoder_backward(demb.wte, demb.wpe, dresidual_, inputs, B, T, C);
+  s.GradsDone(0);
+  s.ReleaseParams(0);
 }
 
 }  // namespace tf

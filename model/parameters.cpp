@@ -43,30 +43,18 @@ const ParamTensor* ParameterLayout::Find(const std::string& name) const {
   return nullptr;
 }
 
-ModelView MakeModelView(const ParameterLayout& layout, float* base) {
-  const auto& t = layout.tensors();
-  ModelView v;
-  v.wte = base + t[0].offset;
-  v.wpe = base + t[1].offset;
-  const size_t n_layer = (t.size() - 4) / 12;
-  for (size_t l = 0; l < n_layer; ++l) {
-    const ParamTensor* p = &t[2 + 12 * l];
-    v.blocks.push_back(BlockView{base + p[0].offset, base + p[1].offset, base + p[2].offset, base + p[3].offset,
-                                 base + p[4].offset, base + p[5].offset, base + p[6].offset, base + p[7].offset,
-                                 base + p[8].offset, base + p[9].offset, base + p[10].offset,
-                                 base + p[11].offset});
-  }
-  v.lnf_w = base + t[t.size() - 2].offset;
-  v.lnf_b = base + t[t.size() - 1].offset;
-  return v;
+int NumUnits(const ParameterLayout& layout) { return layout.n_layer() + 2; }
+
+std::pair<int64_t, int64_t> UnitRange(const ParameterLayout& layout, int unit) {
+  const int L = layout.n_layer();
+  if (unit == 0) return {0, layout.LayerBegin(0)};
+  if (unit <= L) return {layout.LayerBegin(unit - 1), layout.LayerEnd(unit - 1)};
+  return {layout.LayerBegin(L), layout.total()};
 }
 
 std::vector<std::pair<int64_t, int64_t>> GradReadyRanges(const ParameterLayout& layout) {
   std::vector<std::pair<int64_t, int64_t>> out;
-  const int L = layout.n_layer();
-  out.emplace_back(layout.tensors()[layout.tensors().size() - 2].offset, layout.total());
-  for (int l = L - 1; l >= 0; --l) out.emplace_back(layout.LayerBegin(l), layout.LayerEnd(l));
-  out.emplace_back(0, L > 0 ? layout.LayerBegin(0) : layout.tensors()[layout.tensors().size() - 2].offset);
+  for (int unit = NumUnits(layout) - 1; unit >= 0; --unit) out.push_back(UnitRange(layout, unit));
   return out;
 }
 
@@ -80,6 +68,24 @@ std::vector<DecayRange> DecayRanges(const ParameterLayout& layout) {
     }
   }
   return ranges;
+}
+
+EmbeddingView MakeEmbeddingView(const ParameterLayout& layout, float* unit_base) {
+  const auto& t = layout.tensors();
+  return {unit_base + t[0].offset, unit_base + t[1].offset};
+}
+
+BlockView MakeBlockView(const ParameterLayout& layout, int layer, float* unit_base) {
+  const ParamTensor* p = &layout.tensors()[2 + 12 * static_cast<size_t>(layer)];
+  const int64_t begin = layout.LayerBegin(layer);
+  auto at = [&](int k) { return unit_base + (p[k].offset - begin); };
+  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+}
+
+FinalNormView MakeFinalNormView(const ParameterLayout& layout, float* unit_base) {
+  const auto& t = layout.tensors();
+  const int64_t begin = layout.LayerBegin(layout.n_layer());
+  return {unit_base + (t[t.size() - 2].offset - begin), unit_base + (t[t.size() - 1].offset - begin)};
 }
 
 }  // namespace tf

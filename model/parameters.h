@@ -45,9 +45,17 @@ class ParameterLayout {
   int64_t total_ = 0;
 };
 
+// Units: the groups of parameters a sharded backend gathers, frees and reduces together, each one
+// contiguous flat range, in buffer order: unit 0 = wte + wpe, unit 1 + l = block l, unit n_layer + 1
+// = ln_f. The CPU model asks for its parameters and gradients unit by unit (model/gpt2.h UnitStorage).
+int NumUnits(const ParameterLayout& layout);
+// Flat range [begin, end) of `unit`. REQUIRES: 0 <= unit < NumUnits(layout).
+std::pair<int64_t, int64_t> UnitRange(const ParameterLayout& layout, int unit);
+
 // The flat ranges [begin, end) of a gradient buffer in the order a backward pass makes them final:
-// ln_f, blocks n_layer-1 .. 0, then wte+wpe. Both backends announce exactly these ranges through
-// their grad-ready hooks; the data-parallel reducer plans its buckets from them.
+// ln_f, blocks n_layer-1 .. 0, then wte+wpe (the units, last to first). Both backends announce
+// exactly these ranges through their grad-ready hooks; the data-parallel reducer plans its buckets
+// from them.
 std::vector<std::pair<int64_t, int64_t>> GradReadyRanges(const ParameterLayout& layout);
 
 // The buffer as maximal runs of consecutive tensors with the same weight-decay flag, in order,
@@ -59,8 +67,14 @@ struct DecayRange {
 };
 std::vector<DecayRange> DecayRanges(const ParameterLayout& layout);
 
-// Typed pointers into a flat buffer laid out by ParameterLayout (valid while the buffer lives).
-struct BlockView {
+// Typed pointers into one unit's storage: `unit_base` points at UnitRange(layout, unit) size floats
+// laid out as that unit's slice of the flat buffer (for the whole flat buffer `base`, pass
+// base + UnitRange(layout, unit).first). Valid while that storage lives.
+struct EmbeddingView {  // unit 0
+  float* wte;  // (Vp, C)
+  float* wpe;  // (block_size, C)
+};
+struct BlockView {  // unit 1 + layer
   float* ln1_w;     // (C)
   float* ln1_b;     // (C)
   float* qkv_w;     // (3C, C)
@@ -74,13 +88,13 @@ struct BlockView {
   float* fcproj_w;  // (C, 4C)
   float* fcproj_b;  // (C)
 };
-struct ModelView {
-  float* wte;  // (Vp, C)
-  float* wpe;  // (block_size, C)
-  std::vector<BlockView> blocks;
+struct FinalNormView {  // unit n_layer + 1
   float* lnf_w;  // (C)
   float* lnf_b;  // (C)
 };
-ModelView MakeModelView(const ParameterLayout& layout, float* base);
+EmbeddingView MakeEmbeddingView(const ParameterLayout& layout, float* unit_base);
+// REQUIRES: 0 <= layer < layout.n_layer().
+BlockView MakeBlockView(const ParameterLayout& layout, int layer, float* unit_base);
+FinalNormView MakeFinalNormView(const ParameterLayout& layout, float* unit_base);
 
 }  // namespace tf
