@@ -67,7 +67,11 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(std::unique_ptr<Obj
     int64_t begin = 0, end = t.elements;
     if (t.owner < 0) {
       const int64_t chunks = (t.elements + o.chunk_elements - 1) / o.chunk_elements;
-      const auto [first, last] = OwnedChunks(chunks, o.rank, o.world);
+      auto [first, last] = OwnedChunks(chunks, o.rank, o.world);
+      if (o.chunks_per_rank > 0) {
+        first = std::min(chunks, o.chunks_per_rank * o.rank);
+        last = std::min(chunks, first + o.chunks_per_rank);
+      }
       begin = std::min(first * o.chunk_elements, t.elements);
       end = std::min(last * o.chunk_elements, t.elements);
     }

@@ -9,7 +9,8 @@
 //
 // World-size independence: a tensor is cut into chunks of chunk_elements whatever the world size.
 // A tensor every rank holds (owner -1: parameters, moments) is written in contiguous chunk ranges,
-// rank r of W writing chunks OwnedChunks(chunks, r, W) — about 1/W of the bytes each; a tensor only
+// rank r of W writing chunks OwnedChunks(chunks, r, W) — about 1/W of the bytes each — or, with
+// chunks_per_rank, exactly the range a ZeRO shard plan gives it; a tensor only
 // one rank holds (its error-feedback residual) is written whole by that rank.
 //
 // Incremental: with full_every K > 1, every K-th checkpoint is full and the others store, per
@@ -65,6 +66,9 @@ inline constexpr const char* kStateRunId = "run_id";
 struct CheckpointerOptions {
   int rank = 0, world = 1;
   int64_t chunk_elements = int64_t{4} << 20;  // 16 MiB of fp32 per chunk object
+  // > 0: rank r writes chunks [r*k, (r+1)*k) of each tensor every rank holds (its ZeRO shard,
+  // comm/shard_plan.h), the last ranks fewer or none; 0: OwnedChunks.
+  int64_t chunks_per_rank = 0;
   bool wait_when_busy = true;  // a checkpoint due while both halves are busy: wait for one (else skip it)
   bool compress = true;        // byte planes + zstd (else raw floats)
   int writer_threads = 1;      // chunks encoded and put concurrently (S3: several requests in flight)

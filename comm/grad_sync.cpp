@@ -10,7 +10,7 @@
 namespace tf::comm {
 namespace {
 
-class LocalGradientSync final : public GradientSync {
+class LocalGradientSync final : public StatelessGradientSync {
  public:
   void BeginStep(int64_t) override {}
   void MarkReady(int64_t, int64_t) override {}
@@ -18,18 +18,6 @@ class LocalGradientSync final : public GradientSync {
   StatusOr<ReducerStats> LastStats() override { return ReducerStats{}; }
   const std::vector<Bucket>& buckets() const override { return buckets_; }
   const ReducerOptions& options() const override { return options_; }
-  std::pair<int64_t, int64_t> state_sizes() const override { return {0, 0}; }
-  Status GetState(std::vector<float>* residual, std::vector<float>* server) override {
-    residual->clear();
-    server->clear();
-    return Status::OK();
-  }
-  Status SetState(std::span<const float> residual, std::span<const float> server) override {
-    if (!residual.empty() || !server.empty()) {
-      return Status::InvalidArgument("error-feedback state given, but this run has no gradient compression");
-    }
-    return Status::OK();
-  }
 
  private:
   std::vector<Bucket> buckets_;

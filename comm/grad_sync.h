@@ -74,4 +74,22 @@ class GradientSync {
   virtual Status SetState(std::span<const float> residual, std::span<const float> server) = 0;
 };
 
+// A synchroniser without codec state (no error-feedback residuals): the local no-op, the ZeRO
+// stages' reduce-scatter. SetState accepts only empty residuals.
+class StatelessGradientSync : public GradientSync {
+ public:
+  std::pair<int64_t, int64_t> state_sizes() const override { return {0, 0}; }
+  Status GetState(std::vector<float>* residual, std::vector<float>* server) override {
+    residual->clear();
+    server->clear();
+    return Status::OK();
+  }
+  Status SetState(std::span<const float> residual, std::span<const float> server) override {
+    if (!residual.empty() || !server.empty()) {
+      return Status::InvalidArgument("error-feedback state given, but this run has no lossy gradient codec");
+    }
+    return Status::OK();
+  }
+};
+
 }  // namespace tf::comm

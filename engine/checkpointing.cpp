@@ -101,7 +101,9 @@ StatusOr<std::unique_ptr<TrainCheckpointing>> TrainCheckpointing::Create(Trainer
   checkpoint::CheckpointerOptions o;
   o.rank = topo.rank;
   o.world = topo.world;
-  o.chunk_elements = std::max<int64_t>(1, static_cast<int64_t>(c.checkpoint_chunk_mb * (1 << 20) / 4));
+  // Each rank writes the range the shard plan gives it: its shard under ZeRO, the same range at stage 0.
+  o.chunk_elements = std::max<int64_t>(1, t.shard_plan().chunk_elements);
+  o.chunks_per_rank = t.shard_plan().chunks_per_rank;
   o.wait_when_busy = c.checkpoint_when_busy == "wait";
   o.compress = c.checkpoint_compress;
   o.idle_priority = c.checkpoint_writer_priority == "idle";
@@ -235,6 +237,11 @@ StatusOr<TrainCheckpointing::Rescue> TrainCheckpointing::RescueWrite() {
                   fmt::format("the state of step {} is not rescued: codec {} keeps error-feedback residuals, which "
                               "the failed reduction may have half updated",
                               step, trainer_.compression()));
+  }
+  if (trainer_.backend().collective_state()) {
+    return Status(StatusCode::kUnavailable,
+                  fmt::format("the state of step {} is not rescued: under zero_stage {} no rank holds all of it",
+                              step, trainer_.config().zero_stage));
   }
   Rescue r;
   r.step = step;
@@ -405,14 +412,25 @@ StatusOr<TrainState> Load(Trainer& t, ObjectStore& store, const Manifest& m, std
     return Status::InvalidArgument("{} holds {} parameters, this model has {} (model config {} there)", where,
                                    pt == nullptr ? 0 : pt->elements, P, s.model_config);
   }
-  for (std::vector<float>* v : {&s.params, &s.adam_m, &s.adam_v}) {
-    v->reserve(static_cast<size_t>(P));
-    AdviseHugePages(v->data(), static_cast<size_t>(P) * sizeof(float));
-    v->resize(static_cast<size_t>(P));
+  // A sharded run reads only what this rank keeps: its shard of the moments (and, at ZeRO stage 3,
+  // of the parameters).
+  int64_t b = 0, e = P;
+  if (t.backend().collective_state()) {
+    b = t.shard_plan().begin(t.topology().rank);
+    e = t.shard_plan().end(t.topology().rank);
   }
-  TF_RETURN_IF_ERROR(checkpoint::ReadTensorRange(store, m, "params", 0, P, s.params));
-  TF_RETURN_IF_ERROR(checkpoint::ReadTensorRange(store, m, "adam.m", 0, P, s.adam_m));
-  TF_RETURN_IF_ERROR(checkpoint::ReadTensorRange(store, m, "adam.v", 0, P, s.adam_v));
+  const bool params_sliced = t.backend().params_collective();
+  s.slice_begin = b;
+  for (std::vector<float>* v : {&s.params, &s.adam_m, &s.adam_v}) {
+    const auto n = static_cast<size_t>(v == &s.params && !params_sliced ? P : e - b);
+    v->reserve(n);
+    AdviseHugePages(v->data(), n * sizeof(float));
+    v->resize(n);
+  }
+  TF_RETURN_IF_ERROR(checkpoint::ReadTensorRange(store, m, "params", params_sliced ? b : 0, params_sliced ? e : P,
+                                                 s.params));
+  TF_RETURN_IF_ERROR(checkpoint::ReadTensorRange(store, m, "adam.m", b, e, s.adam_m));
+  TF_RETURN_IF_ERROR(checkpoint::ReadTensorRange(store, m, "adam.v", b, e, s.adam_v));
 
   // Error-feedback residuals (policy in engine/checkpointing.h).
   const comm::Topology& topo = t.topology();

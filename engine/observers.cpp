@@ -69,6 +69,7 @@ class SampleObserver final : public StepObserver {
     if (s.interrupted || t.config().sample_tokens == 0) return Status::OK();
     const int every = t.config().sample_interval;
     if (!s.last && !(every > 0 && s.step % every == 0)) return Status::OK();
+    TF_RETURN_IF_ERROR(t.PrepareSampling());
     if (t.has_tokenizer()) {
       auto text = t.SampleText();
       const std::string shown = text.ok() ? *text : "(sampling failed: " + text.status().ToString() + ")";
@@ -94,12 +95,15 @@ class ProgressObserver final : public StepObserver {
                m.n_head, m.n_embd, m.vocab_size, m.padded_vocab_size, FormatParameterCount(NumParameters(m)),
                c.tokenizer == "auto" ? "unknown (no samples)" : c.tokenizer);
     fmt::print("device: {}\n", t.backend().Describe());
+    fmt::print("state per rank (zero_stage {}): {}\n", c.zero_stage, t.state_bytes_line());
     if (t.data_parallel()) {
       fmt::print("data parallel: {}\n", t.topology().Describe());
       for (const std::string& line : t.rank_devices()) fmt::print("  {}\n", line);
       const auto& buckets = t.gradient_sync().buckets();
       if (t.backend().gradient_buffer().on_device) {
         fmt::print("gradient reduction: on the GPU, compression {} ({})\n", t.compression(), t.compression_reason());
+      } else if (c.zero_stage >= 2) {
+        fmt::print("gradient reduction: compression {} ({})\n", t.compression(), t.compression_reason());
       } else if (!buckets.empty()) {
         fmt::print("gradient reduction: {} bucket{} (first {:.2f} MiB, then up to {:.2f} MiB), compression {} ({})\n",
                    buckets.size(), buckets.size() == 1 ? "" : "s", buckets.front().size() * 4 / double(1 << 20),
@@ -188,7 +192,8 @@ class MetricsJsonlObserver final : public StepObserver {
                         {"data_ms", s.data_ms},
                         {"compute_ms", s.compute_ms},
                         {"optimizer_ms", s.optimizer_ms},
-                        {"rss_bytes", monitor::ResidentBytes()}};
+                        {"rss_bytes", monitor::ResidentBytes()},
+                        {"peak_rss_bytes", monitor::PeakResidentBytes()}};
     if (peak_) line["mfu"] = flops_per_token_ * s.tokens_per_s / (*peak_ * t.topology().world);
     if (t.data_parallel()) {
       line["comm_exposed_ms"] = s.comm_exposed_ms;

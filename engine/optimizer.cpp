@@ -1,13 +1,21 @@
 #include "engine/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/optimizer.h"
 
 namespace tf {
 
-AdamW::AdamW(const ParameterLayout& layout, const AdamWConfig& config)
-    : config_(config), m_(layout.total()), v_(layout.total()), ranges_(DecayRanges(layout)) {}
+AdamW::AdamW(const ParameterLayout& layout, const AdamWConfig& config) : AdamW(layout, config, 0, layout.total()) {}
+
+AdamW::AdamW(const ParameterLayout& layout, const AdamWConfig& config, int64_t begin, int64_t end)
+    : config_(config), begin_(begin), end_(end), m_(end - begin), v_(end - begin) {
+  for (const DecayRange& r : DecayRanges(layout)) {
+    const int64_t lo = std::max(r.begin, begin), hi = std::min(r.end, end);
+    if (lo < hi) ranges_.push_back({lo, hi, r.decay});
+  }
+}
 
 float AdamW::Step(std::span<float> params, std::span<const float> grads, double lr, int64_t t) {
   const double norm = GradNorm(grads);
@@ -19,7 +27,7 @@ double AdamW::GradNorm(std::span<const float> grads) {
   return std::sqrt(cpu::sum_squares(grads.data(), static_cast<long>(grads.size())));
 }
 
-void AdamW::Apply(std::span<float> params, std::span<const float> grads, double lr, int64_t t, double norm) {
+void AdamW::Apply(float* params, const float* grads, double lr, int64_t t, double norm) {
   const float scale = math::grad_clip_scale(norm, config_.grad_clip);
   math::AdamWParams h;
   h.lr = static_cast<float>(lr);
@@ -30,8 +38,8 @@ void AdamW::Apply(std::span<float> params, std::span<const float> grads, double 
   h.bias_correction2 = static_cast<float>(1.0 - std::pow(config_.beta2, static_cast<double>(t)));
   for (const DecayRange& r : ranges_) {
     h.weight_decay = r.decay ? static_cast<float>(config_.weight_decay) : 0.0f;
-    cpu::adamw_step(params.data() + r.begin, m_.data() + r.begin, v_.data() + r.begin, grads.data() + r.begin,
-                    static_cast<long>(r.end - r.begin), scale, h);
+    const int64_t o = r.begin - begin_;
+    cpu::adamw_step(params + o, m_.data() + o, v_.data() + o, grads + o, static_cast<long>(r.end - r.begin), scale, h);
   }
 }
 

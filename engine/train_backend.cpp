@@ -2,9 +2,12 @@
 
 #include <omp.h>
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "engine/optimizer.h"
+#include "engine/sharded_backend.h"
 #if defined(TF_WITH_CUDA)
 #include "kernels/cuda_runtime.h"
 #include "model/gpt2_cuda.h"
@@ -28,8 +31,8 @@ Status CheckRange(const ParameterLayout& layout, int64_t begin, int64_t end) {
 
 class CpuBackend final : public TrainBackend {
  public:
-  CpuBackend(std::unique_ptr<GPT2> model, std::unique_ptr<AdamW> optimizer)
-      : model_(std::move(model)), optimizer_(std::move(optimizer)) {}
+  CpuBackend(std::unique_ptr<GPT2> model, std::unique_ptr<AdamW> optimizer, const comm::ShardPlan& plan)
+      : model_(std::move(model)), optimizer_(std::move(optimizer)), plan_(plan) {}
 
   std::string Describe() const override {
     const int n = omp_get_max_threads();
@@ -48,7 +51,7 @@ class CpuBackend final : public TrainBackend {
     return model_->Forward(inputs, targets, B, T);
   }
   StatusOr<float> GradNorm() override {
-    norm_ = AdamW::GradNorm(model_->grads());
+    norm_ = std::sqrt(PlannedSumSquares(model_->grads().data(), plan_));
     return static_cast<float>(norm_);
   }
   Status ApplyUpdate(double lr, int64_t t) override {
@@ -102,7 +105,8 @@ class CpuBackend final : public TrainBackend {
  private:
   std::unique_ptr<GPT2> model_;
   std::unique_ptr<AdamW> optimizer_;
-  double norm_ = 0;  // the last GradNorm()
+  comm::ShardPlan plan_;  // the norm's summation order (engine/sharded_backend.h)
+  double norm_ = 0;       // the last GradNorm()
 };
 
 #if defined(TF_WITH_CUDA)
@@ -225,7 +229,7 @@ class CudaBackend final : public TrainBackend {
 #endif
 
 StatusOr<std::unique_ptr<TrainBackend>> MakeCpuBackend(const GPT2Config& config, const TrainConfig& train,
-                                                       const AdamWConfig& adamw) {
+                                                       const AdamWConfig& adamw, const comm::ShardPlan& plan) {
   TF_ASSIGN_OR_RETURN(auto model, GPT2::Create(config, train.batch_size, train.seq_len));
   std::unique_ptr<AdamW> optimizer;
   try {
@@ -234,7 +238,7 @@ StatusOr<std::unique_ptr<TrainBackend>> MakeCpuBackend(const GPT2Config& config,
     return Status::InvalidArgument("out of memory allocating AdamW state ({:.2f} GiB)",
                                    2.0 * model->layout().total() * 4 / double(1 << 30));
   }
-  return std::unique_ptr<TrainBackend>(new CpuBackend(std::move(model), std::move(optimizer)));
+  return std::unique_ptr<TrainBackend>(new CpuBackend(std::move(model), std::move(optimizer), plan));
 }
 
 }  // namespace
@@ -244,9 +248,18 @@ bool UsesCuda(const TrainConfig& train) {
 }
 
 StatusOr<std::unique_ptr<TrainBackend>> MakeTrainBackend(const GPT2Config& model, const TrainConfig& train,
-                                                         const comm::Topology& topo) {
+                                                         const comm::Topology& topo, const comm::ShardPlan& plan) {
   const AdamWConfig adamw{train.beta1, train.beta2, train.eps, train.weight_decay, train.grad_clip};
-  if (!UsesCuda(train)) return MakeCpuBackend(model, train, adamw);
+  if (!UsesCuda(train)) {
+    if (train.zero_stage == 0) return MakeCpuBackend(model, train, adamw, plan);
+    TF_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm, comm::MakeHostCommunicator(topo));
+    return MakeShardedCpuBackend(model, train, adamw, plan, std::move(comm));
+  }
+  if (train.zero_stage > 0) {
+    return Status::InvalidArgument("zero_stage {} runs on CPU ranks in this version; GPU ranks train with zero_stage 0 "
+                                   "(device \"cpu\" shards the state)",
+                                   train.zero_stage);
+  }
   const int gpus = CudaDeviceCount();
   if (gpus == 0) {
     return Status::InvalidArgument("device \"cuda\" requested but no CUDA GPU is visible{} (use device \"cpu\" or "

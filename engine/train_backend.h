@@ -17,7 +17,9 @@
 #include "base/huge_pages.h"
 #include "base/status.h"
 #include "comm/grad_sync_setup.h"
+#include "comm/grad_sync.h"
 #include "comm/process_group.h"
+#include "comm/shard_plan.h"
 #include "engine/train_config.h"
 #include "kernels/optimizer.h"
 #include "model/config.h"
@@ -73,6 +75,18 @@ class TrainBackend {
   virtual Status GetOptimizerState(std::span<float> m, std::span<float> v) = 0;
   virtual Status SetOptimizerState(std::span<const float> m, std::span<const float> v) = 0;
 
+  // A loaded state: m and v hold elements [begin, begin + m.size()) of the moments, params either
+  // the whole parameters or the same slice. A backend keeping the whole state needs whole vectors
+  // (InvalidArgument otherwise); a sharded one keeps what it owns (a slice must cover its shard).
+  virtual Status SetStateSlice(int64_t begin, std::span<const float> params, std::span<const float> m,
+                               std::span<const float> v) {
+    if (begin != 0 || m.size() != static_cast<size_t>(layout().total())) {
+      return Status::InvalidArgument("this backend keeps the whole state; it was given elements [{}, {})", begin,
+                                     begin + static_cast<int64_t>(m.size()));
+    }
+    TF_RETURN_IF_ERROR(SetParams(params));
+    return SetOptimizerState(m, v);
+  }
   // A checkpoint's snapshot: elements [begin, end) of the fp32 master parameters and of both
   // moments into host buffers of AllocateHost. The CPU copies now. CUDA: queued on a copy stream
   // after the last optimizer step; the next OptimizerStep waits for it (the forward/backward in
@@ -88,6 +102,14 @@ class TrainBackend {
   // (model/parameters.h GradReadyRanges) during backward.
   virtual comm::GradientBuffer gradient_buffer() = 0;
   virtual void SetGradReadyHook(GPT2::GradReadyHook hook) = 0;
+  // A backend that reduces the gradients itself (ZeRO stages 2 and 3: reduce-scattered as backward
+  // goes) hands the trainer its synchroniser, once; nullptr: the trainer builds one over
+  // gradient_buffer().
+  virtual std::unique_ptr<comm::GradientSync> TakeGradientSync() { return nullptr; }
+  // Whether GetOptimizerState (sharded moments) and GetParams (sharded parameters, ZeRO stage 3)
+  // are collectives that every rank must call.
+  virtual bool collective_state() const { return false; }
+  virtual bool params_collective() const { return false; }
   // The CUDA model, for `trainflow bench`'s profiler and memory report (nullptr on the CPU).
   virtual GPT2Cuda* cuda_model() { return nullptr; }
 
@@ -96,10 +118,13 @@ class TrainBackend {
 };
 
 // The backend `train.device` asks for ("auto": CUDA when the build has it and a GPU is visible),
-// planned for B = train.batch_size, T = train.seq_len, on GPU `local_rank`. InvalidArgument naming
-// the problem (no GPU, more ranks than GPUs on a host). Parameters are not initialised.
+// planned for B = train.batch_size, T = train.seq_len, on GPU `local_rank`, holding the state
+// `plan` gives this rank under train.zero_stage (engine/sharded_backend.h; stage 0 uses the plan only
+// to sum the gradient norm in the order the sharded stages do). InvalidArgument naming the problem
+// (no GPU, more ranks than GPUs on a host, a stage the device does not run). Parameters are not
+// initialised. Collective when zero_stage > 0 (the backend gets a communicator of its own).
 StatusOr<std::unique_ptr<TrainBackend>> MakeTrainBackend(const GPT2Config& model, const TrainConfig& train,
-                                                         const comm::Topology& topology);
+                                                         const comm::Topology& topology, const comm::ShardPlan& plan);
 // Whether `train.device` resolves to the CUDA backend here.
 bool UsesCuda(const TrainConfig& train);
 // Number of usable CUDA devices (0 in CPU-only builds or without a driver).

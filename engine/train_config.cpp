@@ -276,7 +276,7 @@ const std::vector<Option>& Options() {
        "the tokenizer, the trained `seq_len` — docs/formats.md, \"Weights metadata\"), `config.json` (HF), "
        "`model_config.json`, `train_config.json`, all written atomically; and `metrics.jsonl`, one JSON record per "
        "finished step appended as the step ends (`step`, `loss`, `lr`, `grad_norm`, `ms` and its parts `data_ms`, "
-       "`compute_ms`, `optimizer_ms`, `tokens_per_s`, `mfu`, `rss_bytes`, the communication figures in data-parallel "
+       "`compute_ms`, `optimizer_ms`, `tokens_per_s`, `mfu`, `rss_bytes`, `peak_rss_bytes`, the communication figures in data-parallel "
        "runs, `val_loss` at steps that evaluate, `checkpoint_stall_ms`, `update_skipped`) and event records "
        "(`{\"event\": \"anomaly\"\\|\"rollback\", \"step\": ..., \"message\": ...}`, and `{\"event\": \"eval\", "
        "\"step\": 0, \"val_loss\": ...}` for the evaluation before the first step); at the end, `report.html`, the "
@@ -383,6 +383,10 @@ const std::vector<Option>& Options() {
       {"first_bucket_mb", Real(&C::first_bucket_mb, 1e-6, 1e6), "size of the first bucket (MiB)",
        "size of the first bucket (MiB), so communication starts early in backward"},
       {"error_feedback", Bool(&C::error_feedback), "lossy codecs carry what was not sent into the next step"},
+      {"zero_stage", IntOneOf(&C::zero_stage, {0, 1, 2, 3}), "ZeRO: shard the training state over the ranks",
+       "ZeRO sharding of the training state over the ranks: `0` every rank holds all of it; `1` the optimizer moments "
+       "(and a GPU's fp32 master weights) are sharded, `2` also the gradients, `3` also the parameters (gathered "
+       "layer by layer); the same weights bit for bit (docs/distributed.md, \"ZeRO\")"},
       {"metrics_addr", StrChecked(&C::metrics_addr, [](const std::string& v) {
          return v == "off" || v.empty() ? Status::OK() : ParseHostPort(v).status();
        }), "metrics endpoint and dashboard HOST:PORT (+ local rank); off: none",
@@ -459,6 +463,12 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
     return Status::InvalidArgument("{}: training config key 'fresh' starts over at step 0, but '{}' names a state to "
                                    "continue: keep one",
                                    source, c.extend ? "extend" : !c.resume_state.empty() ? "resume_state" : "resume");
+  }
+  if (c.zero_stage > 0 && c.compression != "none" && c.compression != "auto") {
+    return Status::InvalidArgument("{}: zero_stage {} reduces the gradients exactly (compression \"none\"), but "
+                                   "compression is \"{}\": the codecs' two-phase exchange and error feedback keep a "
+                                   "whole gradient on every rank; use zero_stage 0 with a codec, or compression none",
+                                   source, c.zero_stage, c.compression);
   }
   if (c.tokens_per_step() > (int64_t{1} << 40)) {
     return Status::InvalidArgument("{}: batch_size x seq_len x grad_accum_steps is too large", source);

@@ -88,6 +88,9 @@ struct TrainConfig {
   double bucket_mb = 25.0;
   double first_bucket_mb = 1.0;
   bool error_feedback = true;
+  // ZeRO: 0 replicates the training state on every rank; 1 shards the optimizer moments (and, on a
+  // GPU, the fp32 master weights), 2 also the gradients, 3 also the parameters (docs/distributed.md).
+  int zero_stage = 0;
   // Monitoring (monitor/, docs/monitoring.md).
   std::string metrics_addr = "127.0.0.1:9470";
   std::string metrics_token_file;

@@ -21,6 +21,9 @@ struct TrainState {
   int64_t step = 0;                  // optimizer steps completed
   std::vector<float> params;         // fp32 master weights, ParameterLayout order
   std::vector<float> adam_m, adam_v;  // AdamW moments, same layout
+  // Loaded for a sharded run (ZeRO): the moments (and, when shorter than the model, the
+  // parameters) hold elements [slice_begin, slice_begin + adam_m.size()) only. 0 with whole vectors.
+  int64_t slice_begin = 0;
   // This rank's error-feedback residuals (comm/grad_sync.h GetState; empty for exact codecs).
   std::vector<float> ef_residual, ef_server;
   int rank = 0, world = 1;           // whose residuals they are

@@ -18,6 +18,8 @@
 #include "base/progress.h"
 #include "base/stop_signal.h"
 #include "engine/lr_schedule.h"
+#include "engine/memory_plan.h"
+#include "engine/sharded_backend.h"
 #include "engine/monitoring.h"
 #include "engine/run_report.h"
 #include "engine/observers.h"
@@ -100,7 +102,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
   }
   TF_RETURN_IF_ERROR(t->ResolveTokenizer());
 
-  TF_ASSIGN_OR_RETURN(t->backend_, MakeTrainBackend(model, train, topo));
+  t->plan_ = TrainShardPlan(model, train, topo.world);
+  TF_RETURN_IF_ERROR(t->PlanMemory());
+  TF_ASSIGN_OR_RETURN(t->backend_, MakeTrainBackend(model, train, topo, t->plan_));
   if (!UsesCuda(train) && options.print_progress && topo.rank == 0 &&
       (train.attention != "flash" || train.recompute != 0 || train.gelu_fusion != -1 || !train.fuse_residual)) {
     spdlog::warn("attention \"{}\", recompute {}, gelu_fusion {}, fuse_residual {} apply to the CUDA backend only; "
@@ -151,6 +155,22 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
 
 Trainer::~Trainer() = default;
 
+Status Trainer::PlanMemory() {
+  const bool cuda = UsesCuda(config_);
+  const StateDevice device = !cuda ? StateDevice::kCpu
+                             : config_.dtype == "bf16" ? StateDevice::kCudaBf16
+                                                       : StateDevice::kCudaFp32;
+  // The CUDA model plans its own device buffers (and refuses what does not fit); the CPU's
+  // activation arena is known before anything is allocated.
+  const int64_t activations = cuda ? 0 : GPT2::ActivationBytes(model_config_, config_.batch_size, config_.seq_len);
+  const int64_t shard = plan_.shard_elements;
+  auto plan_for = [&](int stage) { return PlanStateBytes(model_config_, device, stage, shard, activations); };
+  state_bytes_line_ = DescribeStateBytes(plan_for(config_.zero_stage), config_.zero_stage, topology_.world);
+  if (cuda) return Status::OK();
+  TF_ASSIGN_OR_RETURN(const MemoryBudget budget, HostMemoryBudget(env_, topology_.local_world));
+  return CheckStateFits(config_.zero_stage, topology_.world, plan_for, budget);
+}
+
 // The tokenizer is the data's: what train.bin records (val.bin must agree), else what the config
 // says, else what the vocabulary implies. The model must fit it exactly.
 Status Trainer::ResolveTokenizer() {
@@ -177,6 +197,7 @@ Status Trainer::ResolveTokenizer() {
   config_.tokenizer = kind.empty() ? "auto" : kind;
   tokenizer_fingerprint_ = rec.fingerprint;
   const bool prints = options_.print_progress && topology_.rank == 0;
+  sampling_ = options_.evaluate && options_.print_progress && config_.sample_tokens != 0 && !kind.empty();
   if (!options_.evaluate || !prints || config_.sample_tokens == 0) return Status::OK();
   if (kind.empty()) {
     spdlog::warn("no samples: {} records no tokenizer and vocab_size {} fits none (set \"tokenizer\")",
@@ -194,7 +215,9 @@ Status Trainer::ResolveTokenizer() {
 }
 
 Status Trainer::SetUpDataParallel() {
-  sync_ = comm::MakeLocalGradientSync();
+  // ZeRO stages 2 and 3 reduce inside the backend, one rank or several.
+  std::unique_ptr<comm::GradientSync> own = backend_->TakeGradientSync();
+  sync_ = own ? std::move(own) : comm::MakeLocalGradientSync();
   if (topology_.world == 1 && config_.compression == "none") return Status::OK();
   data_parallel_ = true;
   // The host communicator also carries the loss/eval averages and the initial broadcast on GPUs.
@@ -211,14 +234,26 @@ Status Trainer::SetUpDataParallel() {
       rank_devices_.emplace_back(all.c_str() + kLine * static_cast<size_t>(r));
     }
   }
+  if (config_.zero_stage >= 2) {
+    codec_ = "none";
+    codec_reason_ = fmt::format("zero_stage {}: each unit's gradient is reduce-scattered to its owners as backward "
+                                "finishes it",
+                                config_.zero_stage);
+    return Status::OK();
+  }
   comm::ReducerOptions ro;
   ro.bucket_bytes = static_cast<int64_t>(config_.bucket_mb * (1 << 20));
   ro.first_bucket_bytes = static_cast<int64_t>(config_.first_bucket_mb * (1 << 20));
   ro.error_feedback = config_.error_feedback;
   ro.seed = config_.seed;
+  std::string compression = config_.compression;
+  if (config_.zero_stage == 1) {
+    ro.zero_plan = plan_;
+    compression = "none";  // "auto" too: the sharded reduction is exact
+  }
   TF_ASSIGN_OR_RETURN(comm::GradientSyncSetup setup,
                       comm::MakeGradientSync(topology_, comm_.get(), backend_->gradient_buffer(),
-                                             GradReadyRanges(backend_->layout()), ro, config_.compression));
+                                             GradReadyRanges(backend_->layout()), ro, compression));
   sync_ = std::move(setup.sync);
   codec_ = setup.codec;
   codec_reason_ = setup.reason;
@@ -254,6 +289,13 @@ StatusOr<int> Trainer::CountOverRanks(bool flag) {
   double x = flag ? 1.0 : 0.0;
   TF_RETURN_IF_ERROR(SumOverRanks(&x, 1));
   return static_cast<int>(x + 0.5);
+}
+
+StatusOr<std::vector<double>> Trainer::GatherOverRanks(double x) {
+  std::vector<double> all(static_cast<size_t>(topology_.world), x);
+  if (topology_.world == 1 || !comm_) return all;
+  TF_RETURN_IF_ERROR(comm_->AllGather(&x, all.data(), sizeof(double)));
+  return all;
 }
 
 Status Trainer::BroadcastFromRankZero(void* data, size_t bytes) {
@@ -381,9 +423,24 @@ StatusOr<std::string> Trainer::SampleText() {
   if (!sampler_model_) {
     TF_ASSIGN_OR_RETURN(sampler_model_, GPT2::Create(model_config_, 1, config_.seq_len));
   }
-  TF_RETURN_IF_ERROR(backend_->GetParams(sampler_model_->params()));
+  if (!sampler_ready_) TF_RETURN_IF_ERROR(backend_->GetParams(sampler_model_->params()));
+  sampler_ready_ = false;
   std::vector<int32_t> ids = Sample(*sampler_model_, prompt, o);
   return config_.sample_prompt + tokenizer_->Decode(ids);
+}
+
+Status Trainer::PrepareSampling() {
+  if (!backend_->params_collective() || !sampling_) return Status::OK();
+  if (topology_.rank != 0) {
+    std::vector<float> discard(static_cast<size_t>(backend_->layout().total()));
+    return backend_->GetParams(discard);
+  }
+  if (!sampler_model_) {
+    TF_ASSIGN_OR_RETURN(sampler_model_, GPT2::Create(model_config_, 1, config_.seq_len));
+  }
+  TF_RETURN_IF_ERROR(backend_->GetParams(sampler_model_->params()));
+  sampler_ready_ = true;
+  return Status::OK();
 }
 
 StatusOr<TrainState> Trainer::GetState() {
@@ -489,8 +546,7 @@ Status Trainer::SetState(const TrainState& s) {
   if (extended) extended_at_.push_back(s.step);
   if (!s.run_id.empty()) run_id_ = s.run_id;
   NoteSummationOrder(s.world, s.threads);
-  TF_RETURN_IF_ERROR(backend_->SetParams(s.params));
-  TF_RETURN_IF_ERROR(backend_->SetOptimizerState(s.adam_m, s.adam_v));
+  TF_RETURN_IF_ERROR(backend_->SetStateSlice(s.slice_begin, s.params, s.adam_m, s.adam_v));
   TF_RETURN_IF_ERROR(sync_->SetState(s.ef_residual, s.ef_server));
   step_ = s.step;
   SetStepsDone(step_);
@@ -818,11 +874,14 @@ Status Trainer::WriteOutputs(const TrainResult& result) {
       TF_RETURN_IF_ERROR(env_->RemoveFile(extra));
     }
   }
+  std::vector<float> params;
+  if (topology_.rank == 0 || backend_->params_collective()) {  // sharded parameters: every rank gathers
+    params.resize(static_cast<size_t>(backend_->layout().total()));
+    TF_RETURN_IF_ERROR(backend_->GetParams(params));
+  }
   if (topology_.rank != 0) return Status::OK();
   const std::string dir = config_.out_dir;
   const std::string weights = dir + "/model.safetensors";
-  std::vector<float> params(static_cast<size_t>(backend_->layout().total()));
-  TF_RETURN_IF_ERROR(backend_->GetParams(params));
   const WeightsCard card = Card();
   const std::map<std::string, std::string> meta = card.ToMetadata();
   // The run's files go in as one set: each is written under a temporary name, and only when all

@@ -24,6 +24,7 @@
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
 #include "comm/process_group.h"
+#include "comm/shard_plan.h"
 #include "engine/anomaly_guard.h"
 #include "engine/checkpointing.h"
 #include "engine/data/data_loader.h"
@@ -124,6 +125,9 @@ class Trainer {
   static StatusOr<double> MeanLoss(TrainBackend& backend, const DataLoader& loader, int64_t n_batches);
   // Text sampled from the current weights at this step (rank 0; needs a tokenizer).
   StatusOr<std::string> SampleText();
+  // Every rank, before rank 0 samples: gathers the weights for it when they are sharded (ZeRO
+  // stage 3); nothing otherwise.
+  Status PrepareSampling();
 
   void AddObserver(std::unique_ptr<StepObserver> observer) { observers_.push_back(std::move(observer)); }
   // Every byte an exact resume needs (engine/train_state.h), and the inverse.
@@ -157,6 +161,10 @@ class Trainer {
   const Options& options() const { return options_; }
   Env* env() const { return env_; }
   const DataLoader& train_data() const { return *train_data_; }
+  // The state one rank holds, by kind (engine/memory_plan.h DescribeStateBytes), as planned at start.
+  const std::string& state_bytes_line() const { return state_bytes_line_; }
+  // Who owns which range of the flat state (engine/sharded_backend.h TrainShardPlan).
+  const comm::ShardPlan& shard_plan() const { return plan_; }
   const DataLoader* val_data() const { return val_data_ ? &*val_data_ : nullptr; }
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
   bool data_parallel() const { return data_parallel_; }
@@ -177,6 +185,8 @@ class Trainer {
   int64_t data_offset() const { return data_offset_; }
   // How many ranks pass `flag` = true (one small reduction; `flag` itself for one rank).
   StatusOr<int> CountOverRanks(bool flag);
+  // Every rank's `x`, by rank (one all-gather; {x} for one rank).
+  StatusOr<std::vector<double>> GatherOverRanks(double x);
   // Rank 0's `bytes` at `data` on every rank (a no-op for one rank).
   Status BroadcastFromRankZero(void* data, size_t bytes);
   // The anomaly guard's (kind, action) pairs, for the metrics' labels.
@@ -187,6 +197,9 @@ class Trainer {
  private:
   Trainer() = default;
   Status SetUpDataParallel();
+  // Plans this rank's state bytes for the configured stage and refuses, before allocating, a
+  // configuration whose ranks' state will not fit this host's memory (engine/memory_plan.h).
+  Status PlanMemory();
   Status ResolveTokenizer();
   Status Resume(const std::string& path);
   // Where the run starts: resume_state, else checkpoint_dir (resume), else a stopped run's state
@@ -215,6 +228,8 @@ class Trainer {
   Options options_;
   Env* env_ = nullptr;
   comm::Topology topology_;
+  comm::ShardPlan plan_;
+  std::string state_bytes_line_;
   std::unique_ptr<TrainBackend> backend_;
   std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<comm::GradientSync> sync_;
@@ -231,6 +246,8 @@ class Trainer {
   bool final_checkpoint_ = false;  // the end-of-run checkpoint was committed (this rank's part, ranks > 0)
   double ckpt_slots_[TrainCheckpointing::kSlots] = {};  // the step's reduced checkpoint agreement
   std::unique_ptr<GPT2> sampler_model_;  // host copy for sampling
+  bool sampling_ = false;                // rank 0 samples (known on every rank)
+  bool sampler_ready_ = false;           // PrepareSampling filled sampler_model_ for this step
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::unique_ptr<StepObserver>> observers_;
   TrainResult result_;

@@ -247,6 +247,11 @@ std::vector<MetricFamily> SystemCollector::Collect() const {
     out.push_back(Single("trainflow_process_resident_memory_bytes", "Resident set size of the process in bytes.",
                          MetricType::Gauge, static_cast<double>(rss)));
   }
+  if (const int64_t peak = PeakResidentBytes(); peak >= 0) {
+    out.push_back(Single("trainflow_process_peak_resident_memory_bytes",
+                         "Largest resident set size the process has had, in bytes.", MetricType::Gauge,
+                         static_cast<double>(peak)));
+  }
   if (const double cpu = CpuSeconds(); cpu >= 0) {
     out.push_back(Single("trainflow_process_cpu_seconds_total", "User and system CPU time of the process in seconds.",
                          MetricType::Counter, cpu));
@@ -307,6 +312,12 @@ void SystemCollector::CollectGpu(std::vector<MetricFamily>* out) const {
     out->push_back(Single("trainflow_gpu_xid_errors_total", "Critical XID events NVML reported since start.",
                           MetricType::Counter, static_cast<double>(xid_total_), gpu));
   }
+}
+
+int64_t PeakResidentBytes() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return -1;
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;  // KiB on Linux
 }
 
 int64_t ResidentBytes() {

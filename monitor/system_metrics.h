@@ -56,5 +56,7 @@ class SystemCollector : public prometheus::Collectable {
 // The process's resident set size in bytes, from one read of /proc/self/statm (no allocation);
 // -1 when it cannot be read. Cheap enough for once per training step.
 int64_t ResidentBytes();
+// The largest resident set size this process has had (getrusage ru_maxrss), bytes; -1 when unknown.
+int64_t PeakResidentBytes();
 
 }  // namespace tf::monitor

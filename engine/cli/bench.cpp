@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
+#include "base/format.h"
 #include "engine/cli/command.h"
 #include "engine/monitoring.h"
 #include "engine/trainer.h"
@@ -17,6 +18,7 @@
 #include "kernels/random.h"
 #include "model/gpt2.h"
 #include "model/step_work.h"
+#include "monitor/system_metrics.h"
 #if defined(TF_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
@@ -136,7 +138,7 @@ StatusOr<BenchResult> RunBench(const GPT2Config& config, TrainConfig train, cons
   train.init_from.clear();
   TF_RETURN_IF_ERROR(ValidateRun(config, train));
   Trainer::Options options{
-      .print_progress = false, .write_outputs = false, .distributed = false, .evaluate = false, .monitor = false};
+      .print_progress = false, .write_outputs = false, .distributed = true, .evaluate = false, .monitor = false};
   // Synthetic data: uniform random tokens, enough for every micro-batch to read fresh ones.
   const size_t n = static_cast<size_t>(train.tokens_per_step()) * static_cast<size_t>(train.max_steps) + 1;
   options.train_tokens.resize(std::min<size_t>(n, size_t{1} << 26));
@@ -152,6 +154,10 @@ StatusOr<BenchResult> RunBench(const GPT2Config& config, TrainConfig train, cons
     if (s >= o.warmup) ms.push_back(dt);
   }
   BenchResult r;
+  r.rank = trainer->topology().rank;
+  r.world = trainer->topology().world;
+  TF_ASSIGN_OR_RETURN(r.peak_rss_bytes, trainer->GatherOverRanks(static_cast<double>(monitor::PeakResidentBytes())));
+  r.state_bytes = trainer->state_bytes_line();
   r.device = trainer->backend().cuda_model() != nullptr ? "cuda" : "cpu";
   r.describe = trainer->backend().Describe();
   r.median_ms = Median(ms);
@@ -187,7 +193,9 @@ int CmdBench(const BenchArgs& a, const std::vector<std::string>& extras) {
   const BenchOptions& bopt = a.options;
   auto r = RunBench(config, tc, bopt);
   if (!r.ok()) return Fail(r.status());
-  const std::string where = r->device == "cuda" ? "device=cuda" : fmt::format("threads={}", omp_get_max_threads());
+  if (r->rank != 0) return 0;
+  std::string where = r->device == "cuda" ? "device=cuda" : fmt::format("threads={}", omp_get_max_threads());
+  if (r->world > 1) where += fmt::format(" ranks={} zero_stage={}", r->world, tc.zero_stage);
   fmt::print("bench: {} ({} params) B={} T={} {}: median {:.2f} ms/step (min {:.2f}, max {:.2f}) "
              "over {} steps after {} warm-up, {:.0f} tokens/s, {:.1f} GFLOP/s (6*params*tokens)\n",
              a.model_path, FormatParameterCount(NumParameters(config)), tc.batch_size, tc.seq_len, where, r->median_ms,
@@ -219,9 +227,21 @@ int CmdBench(const BenchArgs& a, const std::vector<std::string>& extras) {
                "structure of the step; measured {:.2f} ms\n",
                r->roofline_step_ms, 100.0 * r->roofline_mfu, r->median_ms);
   }
+  {
+    std::string peaks;
+    double most = 0;
+    for (size_t i = 0; i < r->peak_rss_bytes.size(); ++i) {
+      peaks += fmt::format("{}{}", i == 0 ? "" : ", ", FormatBytes(static_cast<int64_t>(r->peak_rss_bytes[i])));
+      most = std::max(most, r->peak_rss_bytes[i]);
+    }
+    fmt::print("bench: state per rank (zero_stage {}): {}\n", tc.zero_stage, r->state_bytes);
+    fmt::print("bench: peak resident memory by rank: {}\n", peaks);
+    r->peak_rss_max = most;
+  }
   // Only what was measured: MFU and device memory exist on a GPU, the GEMM ceiling with --gemm-peak.
   std::string result = fmt::format("BENCH_RESULT ms_per_step={:.3f} tokens_per_s={:.1f} gflops={:.2f}", r->median_ms,
                                    r->tokens_per_s, r->gflops);
+  result += fmt::format(" peak_rss_bytes={:.0f}", r->peak_rss_max);
   if (r->gemm_peak_gflops > 0) result += fmt::format(" gemm_peak_gflops={:.2f}", r->gemm_peak_gflops);
   if (r->device == "cuda") {
     result += fmt::format(" mfu={:.4f} mfu_with_attention={:.4f} device_used_gb={:.2f}", r->mfu,
@@ -253,7 +273,7 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->allow_extras();
   cmd->footer("Any training config key can be given as --key value, as for train (`trainflow train --help`, "
               "docs/configs.md); those that shape the step:\n" +
-              TrainKeysHelp({"batch_size", "seq_len", "grad_accum_steps", "threads", "device", "dtype", "attention",
+              TrainKeysHelp({"batch_size", "seq_len", "grad_accum_steps", "zero_stage", "threads", "device", "dtype", "attention",
                              "recompute", "gelu_fusion", "fuse_residual", "deterministic"}));
   return {[cmd] { return cmd->parsed(); }, [cmd, a] { return CmdBench(*a, cmd->remaining()); }};
 }

@@ -1,6 +1,7 @@
 // `trainflow bench`: times Trainer::Step — the step `trainflow train` runs, on the backend the
 // training config selects (CPU or CUDA, every model option from engine/train_config.h) — on
-// synthetic tokens. Warm-up steps are excluded; reports the median (and min/max) of N steps,
+// synthetic tokens, on one rank or on every rank of an mpirun/srun job (data parallelism, ZeRO
+// with --zero-stage N, rank 0 reporting). Warm-up steps are excluded; reports the median (and min/max) of N steps,
 // tokens/s and the achieved FLOP rate counting 6 * params * tokens per step; on CUDA also MFU and,
 // with profile_steps, each piece of GPU work against its roofline (model/step_work.h). The
 // command and its flags: AddBenchCommand (engine/cli/command.h), in bench.cpp.
@@ -50,6 +51,10 @@ struct BenchResult {
   // (6*params count) that would give — the most this structure of the step can reach.
   double copy_gbs = 0;
   double peak_tflops = 0;  // CUDA: the peak the MFU and the roofline use
+  int rank = 0, world = 1;             // under mpirun/srun: every rank runs the steps, rank 0 reports
+  std::vector<double> peak_rss_bytes;  // each rank's peak resident set size after the steps, by rank
+  double peak_rss_max = 0;             // the largest of them
+  std::string state_bytes;             // the state one rank holds, as planned (engine/memory_plan.h)
   double roofline_step_ms = 0;
   double roofline_mfu = 0;
 };

@@ -14,6 +14,7 @@
 #include "base/json.h"
 #include "engine/cli/command.h"
 #include "engine/data/data_loader.h"
+#include "engine/sharded_backend.h"
 #include "engine/train_backend.h"
 #include "engine/train_config.h"
 #include "engine/trainer.h"
@@ -109,7 +110,7 @@ int CmdEval(EvalArgs a) {
   tc.seq_len = T;
   tc.device = a.device;
   tc.dtype = "fp32";
-  auto backend = MakeTrainBackend(*config, tc, comm::Topology{});
+  auto backend = MakeTrainBackend(*config, tc, comm::Topology{}, TrainShardPlan(*config, tc, 1));
   if (!backend.ok()) return Fail(backend.status());
   std::vector<float> params(static_cast<size_t>((*backend)->layout().total()));
   if (Status s = ImportHFWeights(a.weights, *config, params); !s.ok()) return Fail(s);

@@ -195,12 +195,21 @@ TEST(TrainConfigTest, OutOfRangeValuesAreRejected) {
       {"sample_temperature", -0.5}, {"device", "tpu"}, {"dtype", "fp8"}, {"compression", "int4"},
       {"compression", "topk:0"}, {"compression", "topk:1.5"}, {"bucket_mb", 0.0}, {"first_bucket_mb", -1.0},
       {"error_feedback", 1},  {"attention", "sdpa"}, {"recompute", 3}, {"recompute", -1},
-      {"gelu_fusion", 3}, {"gelu_fusion", -2}, {"deterministic", 1},
+      {"gelu_fusion", 3}, {"gelu_fusion", -2}, {"deterministic", 1}, {"zero_stage", 4}, {"zero_stage", -1},
   };
   for (const auto& [key, value] : cases) {
     SCOPED_TRACE(key + " = " + value.dump());
     ExpectInvalid(ParseTrainConfig(json{{key, value}}, kSource).status(), {key, kSource});
   }
+}
+
+TEST(TrainConfigTest, ZeroStagesReduceExactly) {
+  for (const char* codec : {"none", "auto"}) {
+    auto c = ParseTrainConfig(json{{"zero_stage", 3}, {"compression", codec}}, kSource);
+    EXPECT_TRUE(c.ok()) << codec << ": " << c.status().ToString();
+  }
+  ExpectInvalid(ParseTrainConfig(json{{"zero_stage", 2}, {"compression", "int8"}}, kSource).status(),
+                {"zero_stage 2", "compression", "int8", kSource});
 }
 
 TEST(TrainConfigTest, LrDecayMustBeAKnownSchedule) {

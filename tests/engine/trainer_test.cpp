@@ -90,6 +90,23 @@ TEST_F(TrainerTest, SameSeedGivesBitIdenticalLosses) {
   }
 }
 
+// One rank: every ZeRO stage runs (its plan has one range), bit-identical to stage 0.
+TEST_F(TrainerTest, ZeroStagesOnOneRankMatchStageZero) {
+  TrainConfig t = train_;
+  t.grad_clip = 0.3;
+  auto run = [&](int stage) {
+    t.zero_stage = stage;
+    auto trainer = Trainer::Create(model_, t, Trainer::Options{.print_progress = false, .write_outputs = false});
+    EXPECT_TRUE(trainer.ok()) << trainer.status().ToString();
+    EXPECT_TRUE((*trainer)->Run().ok());
+    auto state = (*trainer)->GetState();
+    EXPECT_TRUE(state.ok());
+    return state->params;
+  };
+  const std::vector<float> base = run(0);
+  for (int stage : {1, 2, 3}) EXPECT_EQ(run(stage), base) << "zero_stage " << stage;
+}
+
 TEST_F(TrainerTest, DifferentSeedsDiffer) {
   TrainConfig t = train_;
   TrainResult a = Run(t);

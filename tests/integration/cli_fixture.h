@@ -77,7 +77,7 @@ inline std::map<int64_t, nlohmann::json> StepRecords(const std::string& metrics)
     if (j.is_discarded()) continue;  // a line torn by a kill
     if (j.contains("event")) continue;  // anomaly and rollback records
     for (const char* timing : {"ms", "tokens_per_s", "comm_exposed_ms", "comm_ms", "codec_ms", "comm_GBps",
-                               "checkpoint_stall_ms", "data_ms", "compute_ms", "optimizer_ms", "mfu", "rss_bytes"}) {
+                               "checkpoint_stall_ms", "data_ms", "compute_ms", "optimizer_ms", "mfu", "rss_bytes", "peak_rss_bytes"}) {
       j.erase(timing);
     }
     records[j.at("step").get<int64_t>()] = j;

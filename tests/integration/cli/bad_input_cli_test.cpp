@@ -123,6 +123,17 @@ TEST_F(BadInput, OutDirProblemsAreFoundBeforeTheFirstStep) {
   ExpectNoStep(r);
 }
 
+// A state no machine holds: refused before anything is allocated, naming the bytes by kind and the
+// memory there is, not an OOM kill mid-run.
+TEST_F(BadInput, AStateThatCannotFitIsRefusedUpFront) {
+  std::ofstream(Path("huge.json")) << R"({"n_layer": 200, "n_head": 64, "n_embd": 8192, "vocab_size": 256,
+                                          "padded_vocab_size": 256, "block_size": 64})";
+  RunResult r = Run({"train", "--model", Path("huge.json"), "--train_data", train_bin_, "--out_dir", Path("out"),
+                     "--seq_len", "8", "--batch_size", "1", "--device", "cpu"});
+  ExpectCleanFailure(r, {"zero_stage 0 needs", "GiB per rank", "params", "moments", "MemAvailable"});
+  ExpectNoStep(r);
+}
+
 TEST_F(BadInput, NonFiniteWeightsAreRefusedNamingTheTensor) {
   const std::string bad = EditedWeights("nan.safetensors", [](SafetensorsContents& c) {
     for (NamedTensor& t : c.tensors) {
