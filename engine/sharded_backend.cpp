@@ -224,6 +224,10 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
     return Publish();
   }
 
+  std::pair<int64_t, std::span<float>> HostParams() override {
+    if (stage_ == 3) return {b_, shard_params_.span()};
+    return {0, stage_ == 1 ? model_->params() : params_.span()};
+  }
   Status GetParams(std::span<float> out) override {
     TF_RETURN_IF_ERROR(CheckWhole(out.size(), "GetParams"));
     if (stage_ == 3) {

@@ -58,6 +58,7 @@ class CpuBackend final : public TrainBackend {
     optimizer_->Apply(model_->params(), model_->grads(), lr, t, norm_);
     return Status::OK();
   }
+  std::pair<int64_t, std::span<float>> HostParams() override { return {0, model_->params()}; }
   Status GetParams(std::span<float> out) override {
     TF_RETURN_IF_ERROR(CheckSizes(layout(), out.size(), out.size(), "GetParams"));
     std::copy(model_->params().begin(), model_->params().end(), out.begin());

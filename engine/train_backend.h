@@ -71,6 +71,10 @@ class TrainBackend {
   // refreshes the bf16 copy).
   virtual Status GetParams(std::span<float> out) = 0;
   virtual Status SetParams(std::span<const float> in) = 0;
+  // The host memory holding the fp32 parameters this backend keeps and the element of the flat
+  // buffer it starts at — all of them, or a ZeRO stage-3 shard — for initialising them in place;
+  // empty when they live on a device (then SetParams).
+  virtual std::pair<int64_t, std::span<float>> HostParams() { return {0, {}}; }
   // AdamW's first and second moments (fp32, ParameterLayout order).
   virtual Status GetOptimizerState(std::span<float> m, std::span<float> v) = 0;
   virtual Status SetOptimizerState(std::span<const float> m, std::span<const float> v) = 0;

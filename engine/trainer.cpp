@@ -112,18 +112,24 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
                  train.attention, train.recompute, train.gelu_fusion, train.fuse_residual);
   }
 
-  std::vector<float> params(static_cast<size_t>(t->backend_->layout().total()));
-  if (train.init_from.empty()) {
-    InitGPT2Weights(model, train.seed, params);
-  } else {
-    TF_RETURN_IF_ERROR(ImportHFWeights(train.init_from, model, params, t->env_).WithContext("init_from"));
-  }
   TF_RETURN_IF_ERROR(t->SetUpDataParallel());
-  if (t->comm_ && topo.world > 1) {
-    // Same start on every rank, whatever each read or initialised.
-    TF_RETURN_IF_ERROR(t->comm_->Broadcast(params.data(), params.size() * sizeof(float), 0));
+  if (const auto [first, host] = t->backend_->HostParams(); train.init_from.empty() && !host.empty()) {
+    // Every rank draws the same values into what it keeps (a ZeRO stage-3 shard: only those): no
+    // whole-model copy, nothing to broadcast.
+    InitGPT2Weights(model, train.seed, host, /*parallel=*/false, first);
+  } else {
+    std::vector<float> params(static_cast<size_t>(t->backend_->layout().total()));
+    if (train.init_from.empty()) {
+      InitGPT2Weights(model, train.seed, params);
+    } else {
+      TF_RETURN_IF_ERROR(ImportHFWeights(train.init_from, model, params, t->env_).WithContext("init_from"));
+    }
+    if (t->comm_ && topo.world > 1) {
+      // Same start on every rank, whatever each read.
+      TF_RETURN_IF_ERROR(t->comm_->Broadcast(params.data(), params.size() * sizeof(float), 0));
+    }
+    TF_RETURN_IF_ERROR(t->backend_->SetParams(params));
   }
-  TF_RETURN_IF_ERROR(t->backend_->SetParams(params));
   TF_RETURN_IF_ERROR(t->ResumeOrStart());
   TF_ASSIGN_OR_RETURN(t->checkpointing_, TrainCheckpointing::Create(*t));
   AnomalyGuard::Options go;

@@ -123,33 +123,46 @@ void GPT2::InitWeights(uint64_t seed) {
   if (!external_storage_) InitGPT2Weights(config_, seed, params_.span());
 }
 
-void InitGPT2Weights(const GPT2Config& config_, uint64_t seed, std::span<float> params, bool parallel) {
+void InitGPT2Weights(const GPT2Config& config_, uint64_t seed, std::span<float> params, bool parallel, int64_t first) {
   const ParameterLayout layout_(config_);
   Rng rng(seed);
   const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
+  const int64_t last = first + static_cast<int64_t>(params.size());
   std::fill(params.begin(), params.end(), 0.0f);
   for (const ParamTensor& t : layout_.tensors()) {
-    float* p = params.data() + t.offset;
+    // Elements [lo, hi) of the tensor are in `params`: element i at at(i).
+    const int64_t lo = std::clamp(first - t.offset, int64_t{0}, t.numel);
+    const int64_t hi = std::clamp(last - t.offset, int64_t{0}, t.numel);
+    float* base = params.data();
+    auto at = [base, off = t.offset - first](int64_t i) -> float& { return base[off + i]; };
     const bool is_ln_weight = t.name.ends_with("ln_1.weight") || t.name.ends_with("ln_2.weight") ||
                               t.name.ends_with("ln_f.weight");
     if (is_ln_weight) {
-      for (int64_t i = 0; i < t.numel; ++i) p[i] = 1.0f;
+      for (int64_t i = lo; i < hi; ++i) at(i) = 1.0f;
     } else if (t.shape.size() >= 2) {
       float std = 0.02f;
       if (t.name.ends_with("c_proj.weight")) std *= residual_scale;
       int64_t n = t.numel;
       if (t.name == "transformer.wte.weight") n = int64_t{config_.vocab_size} * config_.n_embd;  // padded rows stay 0
       if (!parallel) {
-        for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(rng.Normal() * std);
+        // The one sequential stream: every draw is taken, those outside [first, last) dropped.
+        for (int64_t i = 0; i < n; ++i) {
+          const auto v = static_cast<float>(rng.Normal() * std);
+          if (i >= lo && i < hi) at(i) = v;
+        }
       } else {
         constexpr int64_t kChunk = int64_t{1} << 20;
         const int64_t chunks = (n + kChunk - 1) / kChunk;
         const uint64_t tensor_seed = rng.NextU64();
 #pragma omp parallel for schedule(dynamic)
         for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t begin = c * kChunk, end = std::min(n, (c + 1) * kChunk);
+          if (end <= lo || begin >= hi) continue;  // independent streams: chunks outside are skipped
           Rng chunk_rng(tensor_seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(c + 1)));
-          const int64_t end = std::min(n, (c + 1) * kChunk);
-          for (int64_t i = c * kChunk; i < end; ++i) p[i] = static_cast<float>(chunk_rng.Normal() * std);
+          for (int64_t i = begin; i < end; ++i) {
+            const auto v = static_cast<float>(chunk_rng.Normal() * std);
+            if (i >= lo && i < hi) at(i) = v;
+          }
         }
       }
     }

@@ -20,12 +20,15 @@
 namespace tf {
 
 // GPT-2 initialisation into a flat buffer laid out by ParameterLayout(config) (see InitWeights).
-// REQUIRES: params.size() == ParameterLayout(config).total().
+// REQUIRES: first + params.size() <= ParameterLayout(config).total().
 // `parallel`: the same distributions, but each tensor's normals come in chunks of 2^20 from
 // independent streams (seeded by seed, tensor and chunk) filled on all OpenMP threads — other values
 // than the sequential stream (which training uses), for benchmarks of large models (GPT-2 1558M:
 // ~1.5e9 sequential normals take ~half a minute).
-void InitGPT2Weights(const GPT2Config& config, uint64_t seed, std::span<float> params, bool parallel = false);
+// `first` > 0 or a shorter `params`: only elements [first, first + params.size()) of that buffer
+// (a ZeRO shard), the same values (the sequential stream is drawn whole, the rest dropped).
+void InitGPT2Weights(const GPT2Config& config, uint64_t seed, std::span<float> params, bool parallel = false,
+                     int64_t first = 0);
 
 // Where the parameters and gradients of each unit (model/parameters.h UnitRange) live during a
 // pass, for sharded training. The model calls it on its own thread, in this order (L = n_layer;

@@ -94,5 +94,23 @@ TEST(GPT2Init, DeterministicForASeed) {
   EXPECT_NE(std::memcmp((*a)->params().data(), (*d)->params().data(), bytes), 0);
 }
 
+// A ZeRO shard initialises only its range, to the values the whole buffer has there, for both
+// variants and ranges that start and end inside tensors.
+TEST(GPT2Init, ARangeGetsTheWholeBuffersValues) {
+  GPT2Config c{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 50, .block_size = 8,
+               .padded_vocab_size = 64};
+  const int64_t n = ParameterLayout(c).total();
+  for (bool parallel : {false, true}) {
+    std::vector<float> whole(static_cast<size_t>(n));
+    InitGPT2Weights(c, 11, whole, parallel);
+    for (const auto& [first, last] : std::vector<std::pair<int64_t, int64_t>>{{0, n}, {1, 77}, {500, n}, {1000, 3001}}) {
+      std::vector<float> part(static_cast<size_t>(last - first), -1.0f);
+      InitGPT2Weights(c, 11, part, parallel, first);
+      EXPECT_EQ(std::memcmp(part.data(), whole.data() + first, part.size() * sizeof(float)), 0)
+          << "[" << first << ", " << last << ") parallel " << parallel;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tf
