@@ -273,31 +273,30 @@ Status MpiCommunicator::ReduceScatterSum(const void* send, void* recv, std::span
   }
   // All-to-all-v: block r of send goes to rank r; this rank receives its block from every other
   // rank into scratch_ (its own stays in send) and adds the W blocks in rank order, so every
-  // element's sum is x_0 + x_1 + ... + x_{W-1} whatever the partition.
+  // element's sum is x_0 + x_1 + ... + x_{W-1} whatever the partition. In rounds of at most
+  // kScratchBytes of receive buffer: block r's elements [j*slice, (j+1)*slice) in round j, so a
+  // large block owned by one rank (a ZeRO unit) needs no (W-1) x block buffer.
+  constexpr size_t kScratchBytes = size_t{16} << 20;
   const size_t es = DataTypeSize(dt);
   const int64_t mine = counts[static_cast<size_t>(rank_)];
-  std::vector<int> send_counts(static_cast<size_t>(world_)), send_displs(static_cast<size_t>(world_));
-  std::vector<int> recv_counts(static_cast<size_t>(world_)), recv_displs(static_cast<size_t>(world_));
-  int64_t total = 0, my_off = 0;
-  const auto slot = [&](int r) -> int64_t { return r < rank_ ? r : r - 1; };  // no slot for this rank
+  std::vector<int64_t> offset(static_cast<size_t>(world_));
+  int64_t total = 0, longest = 0;
   for (int r = 0; r < world_; ++r) {
     const int64_t n = counts[static_cast<size_t>(r)];
     if (n < 0) return Status::InvalidArgument("reduce-scatter: negative count {} for rank {}", n, r);
-    const bool self = r == rank_;
-    if (self) my_off = total;
-    const int64_t in_scratch = self ? 0 : slot(r) * mine;
-    if (n > INT_MAX || total > INT_MAX || in_scratch > INT_MAX) {
-      return Status::InvalidArgument("reduce-scatter: block {} of {} elements at element {} exceeds MPI's int counts "
-                                     "(reduce-scatter in pieces of under 2^31 elements)",
-                                     r, n, total);
-    }
-    send_counts[static_cast<size_t>(r)] = self ? 0 : static_cast<int>(n);
-    send_displs[static_cast<size_t>(r)] = static_cast<int>(total);
-    recv_counts[static_cast<size_t>(r)] = self ? 0 : static_cast<int>(mine);
-    recv_displs[static_cast<size_t>(r)] = static_cast<int>(in_scratch);
+    offset[static_cast<size_t>(r)] = total;
     total += n;
+    longest = std::max(longest, n);
   }
-  const size_t scratch_bytes = static_cast<size_t>(mine) * static_cast<size_t>(world_ - 1) * es;
+  if (total > INT_MAX) {
+    return Status::InvalidArgument("reduce-scatter: {} elements exceed MPI's int displacements (reduce-scatter in "
+                                   "pieces of under 2^31 elements)",
+                                   total);
+  }
+  const int64_t slice =
+      std::max<int64_t>(1024, static_cast<int64_t>(kScratchBytes / es / static_cast<size_t>(std::max(1, world_ - 1))));
+  const int64_t rounds = longest == 0 ? 0 : (longest + slice - 1) / slice;
+  const size_t scratch_bytes = static_cast<size_t>(std::min(mine, slice)) * static_cast<size_t>(world_ - 1) * es;
   if (scratch_.size() * sizeof(double) < scratch_bytes) {
     try {
       scratch_.resize((scratch_bytes + sizeof(double) - 1) / sizeof(double));
@@ -306,23 +305,41 @@ Status MpiCommunicator::ReduceScatterSum(const void* send, void* recv, std::span
                                      FormatBytes(scratch_bytes));
     }
   }
-  MPI_Request req;
-  TF_MPI_RETURN_IF_ERROR(MPI_Ialltoallv(send, send_counts.data(), send_displs.data(), ToMpi(dt), scratch_.data(),
-                                        recv_counts.data(), recv_displs.data(), ToMpi(dt), comm_, &req));
-  TF_RETURN_IF_ERROR(Wait(&req, "reduce-scatter", static_cast<size_t>(total) * es));
-  const auto sum = [&](auto* typed_recv) {
-    using T = std::remove_pointer_t<decltype(typed_recv)>;
-    std::vector<const T*> blocks(static_cast<size_t>(world_));
+  const auto slot = [&](int r) -> int64_t { return r < rank_ ? r : r - 1; };  // no slot for this rank
+  std::vector<int> send_counts(static_cast<size_t>(world_)), send_displs(static_cast<size_t>(world_));
+  std::vector<int> recv_counts(static_cast<size_t>(world_)), recv_displs(static_cast<size_t>(world_));
+  for (int64_t j = 0; j < rounds; ++j) {
+    const auto part = [&](int r) {  // round j's elements of block r
+      return std::clamp<int64_t>(counts[static_cast<size_t>(r)] - j * slice, 0, slice);
+    };
+    const int64_t here = part(rank_);
     for (int r = 0; r < world_; ++r) {
-      blocks[static_cast<size_t>(r)] = r == rank_ ? static_cast<const T*>(send) + my_off
-                                                  : reinterpret_cast<const T*>(scratch_.data()) + slot(r) * mine;
+      const bool self = r == rank_;
+      send_counts[static_cast<size_t>(r)] = self ? 0 : static_cast<int>(part(r));
+      send_displs[static_cast<size_t>(r)] = static_cast<int>(offset[static_cast<size_t>(r)] + std::min(j * slice, counts[static_cast<size_t>(r)]));
+      recv_counts[static_cast<size_t>(r)] = self ? 0 : static_cast<int>(here);
+      recv_displs[static_cast<size_t>(r)] = self ? 0 : static_cast<int>(slot(r) * here);
     }
-    SumInRankOrder(blocks, mine, typed_recv);
-  };
-  if (dt == DataType::kF32) {
-    sum(static_cast<float*>(recv));
-  } else {
-    sum(static_cast<double*>(recv));
+    MPI_Request req;
+    TF_MPI_RETURN_IF_ERROR(MPI_Ialltoallv(send, send_counts.data(), send_displs.data(), ToMpi(dt), scratch_.data(),
+                                          recv_counts.data(), recv_displs.data(), ToMpi(dt), comm_, &req));
+    TF_RETURN_IF_ERROR(Wait(&req, "reduce-scatter", static_cast<size_t>(total) * es));
+    const auto sum = [&](auto* typed_recv) {
+      using T = std::remove_pointer_t<decltype(typed_recv)>;
+      std::vector<const T*> blocks(static_cast<size_t>(world_));
+      for (int r = 0; r < world_; ++r) {
+        blocks[static_cast<size_t>(r)] =
+            r == rank_ ? static_cast<const T*>(send) + offset[static_cast<size_t>(rank_)] + j * slice
+                       : reinterpret_cast<const T*>(scratch_.data()) + slot(r) * here;
+      }
+      SumInRankOrder(blocks, here, typed_recv + j * slice);
+    };
+    if (here == 0) continue;
+    if (dt == DataType::kF32) {
+      sum(static_cast<float*>(recv));
+    } else {
+      sum(static_cast<double*>(recv));
+    }
   }
   return Status::OK();
 }

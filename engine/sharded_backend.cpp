@@ -141,11 +141,10 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
     for (int u = 0; u < units; ++u) units_.push_back(UnitRange(layout, u));
     root_[0] = 0;
     root_[1] = units - 1;
-    int64_t block = 0, piece = 0;
+    int64_t block = 0;
     for (int u = 0; u < units; ++u) {
       const auto [ub, ue] = units_[static_cast<size_t>(u)];
       if (!IsRoot(u)) block = std::max(block, ue - ub);
-      piece = std::max(piece, std::max<int64_t>(0, std::min(ue, e_) - std::max(ub, b_)));
     }
     const int64_t S = e_ - b_;
     try {
@@ -154,7 +153,6 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
       if (stage_ == 3) shard_params_ = AlignedBuffer(S);
       if (stage_ >= 2) {
         shard_grads_ = AlignedBuffer(S);
-        scratch_ = AlignedBuffer(piece);
         for (int i = 0; i < 2; ++i) {
           const auto [ub, ue] = units_[static_cast<size_t>(root_[i])];
           root_grads_[i].buf = AlignedBuffer(ue - ub);
@@ -388,6 +386,11 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
       return s;
     });
   }
+  int64_t MaxPiece() const {
+    int64_t most = 0;
+    for (const auto& [ub, ue] : units_) most = std::max(most, Mine(ub, ue));
+    return most;
+  }
   int64_t Mine(int64_t ub, int64_t ue) const { return std::max<int64_t>(0, std::min(ue, e_) - std::max(ub, b_)); }
   void Account(double ms, int64_t sent) {
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -463,6 +466,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
     slot.ticket = comm_thread_->Push([this, ub, ue, n, first, src, shard] {
       const auto t0 = Clock::now();
       // The first micro-batch's sum goes straight into the shard (stage 0's bits); later ones add.
+      if (!first && scratch_.size() < n) scratch_ = AlignedBuffer(MaxPiece());  // accumulation only
       float* recv = first ? shard : scratch_.data();
       TF_RETURN_IF_ERROR(comm_->ReduceScatterSum(src, recv, plan_.Counts(ub, ue), comm::DataType::kF32));
       if (!first) {
@@ -485,7 +489,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
   AlignedBuffer params_;        // stage 2: the whole parameters
   AlignedBuffer shard_params_;  // stage 3: this rank's shard of them
   AlignedBuffer shard_grads_;   // stages 2, 3: the reduced gradient of the shard
-  AlignedBuffer scratch_;       // the communication thread's: a later micro-batch's piece
+  AlignedBuffer scratch_;       // the communication thread's: a later micro-batch's piece (accumulation)
   std::array<Slot, 2> root_params_, block_params_, root_grads_, block_grads_;
   std::vector<bool> first_;       // per unit: no micro-batch reduced yet this step
   std::vector<Slot*> grad_slot_;  // per unit: the slot its gradient is in

@@ -112,17 +112,20 @@ TEST_F(CommTest, ReduceScatterAndAllGatherVWithUnevenCounts) {
 // Random values of widely different magnitudes, so that the order of a sum changes its rounding.
 template <typename T>
 T Mixed(int rank, int64_t i) {
-  std::mt19937_64 g((static_cast<uint64_t>(rank) << 40) ^ (static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ULL));
-  const double unit = static_cast<double>(static_cast<int64_t>(g() % 2000001) - 1000000) * 1e-6;
-  return static_cast<T>(std::ldexp(unit, static_cast<int>(g() % 41) - 20));
+  // splitmix64 of (rank, i): cheap enough for blocks of millions of elements.
+  uint64_t x = (static_cast<uint64_t>(rank) << 40) ^ (static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ULL);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  const double unit = static_cast<double>(static_cast<int64_t>(x % 2000001) - 1000000) * 1e-6;
+  return static_cast<T>(std::ldexp(unit, static_cast<int>((x >> 40) % 41) - 20));
 }
 
 // The reduce-scatter sums every element in rank order (x_0 + x_1 + ... + x_{W-1}), bit for bit,
 // whatever the counts partition: even blocks, skewed blocks with empty ones, and in place.
 template <typename T>
-void ExpectRankOrderSums(Communicator* comm, DataType dt) {
+void ExpectRankOrderSums(Communicator* comm, DataType dt, int64_t n = 10007) {
   const int W = comm->world(), me = comm->rank();
-  const int64_t n = 10007;
   std::vector<T> send(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) send[static_cast<size_t>(i)] = Mixed<T>(me, i);
   std::vector<T> want(static_cast<size_t>(n));
@@ -153,6 +156,8 @@ void ExpectRankOrderSums(Communicator* comm, DataType dt) {
 TEST_F(CommTest, ReduceScatterSumsInRankOrderWhateverThePartition) {
   ExpectRankOrderSums<float>(comm_.get(), DataType::kF32);
   ExpectRankOrderSums<double>(comm_.get(), DataType::kF64);
+  // Blocks larger than the 16 MiB receive buffer go in rounds (a skewed block spans several).
+  ExpectRankOrderSums<float>(comm_.get(), DataType::kF32, 5'000'011);
   std::vector<int64_t> counts(static_cast<size_t>(topo_.world), 4);
   std::vector<uint16_t> bf16(static_cast<size_t>(4 * topo_.world));
   const Status s = comm_->ReduceScatterSum(bf16.data(), bf16.data(), counts, DataType::kBF16);
