@@ -242,6 +242,58 @@ TEST_F(CheckpointResumeTest, ResumeAtAnotherWorldSizeFollowsTheReferenceRun) {
   }
 }
 
+// ZeRO: each rank writes only its shard, and the checkpoint still resumes at any stage and world
+// size with the same global batch. 2 ranks at stage 3 -> 1 rank at stage 0 -> 3 ranks at stage 2
+// follows the 1-rank reference up to float rounding; and the last leg, killed with SIGKILL once it
+// committed a checkpoint and resumed again, ends bit-identical to the same leg uninterrupted.
+TEST_F(CheckpointResumeTest, ShardedCheckpointsResumeAtAnyStageAndWorldSize) {
+  const int64_t kSteps = 200;
+  auto args = [&](const std::string& out, const std::string& ckpt, int batch, int stage, int64_t stop) {
+    std::vector<std::string> a =
+        Args(out, kSteps, {"--batch_size", std::to_string(batch), "--zero_stage", std::to_string(stage),
+                           "--checkpoint_dir", Path(ckpt), "--checkpoint_interval", "20", "--checkpoint_chunk_mb",
+                           "0.01"});
+    if (stop > 0) a.insert(a.end(), {"--stop_at_step", std::to_string(stop)});
+    return a;
+  };
+  const RunResult ref = Run(Args("ref", kSteps, {"--batch_size", "6"}));
+  ASSERT_EQ(ref.exit_code, 0) << ref;
+  const RunResult a = RunWith(Mpirun(2), args("a", "ckpt", 3, 3, 60));
+  ASSERT_EQ(a.exit_code, 5) << a;
+  EXPECT_NE(a.out.find("state per rank (zero_stage 3)"), std::string::npos) << a;
+  const RunResult b = Run(args("b", "ckpt", 6, 0, 120));
+  ASSERT_EQ(b.exit_code, 5) << b;
+  EXPECT_NE(b.out.find("resumed from " + Path("ckpt") + "/step-000000000060"), std::string::npos) << b;
+  fs::copy(Path("ckpt"), Path("ckpt2"), fs::copy_options::recursive);
+  const RunResult c = RunWith(Mpirun(3), args("c", "ckpt", 2, 2, 0));
+  ASSERT_EQ(c.exit_code, 0) << c;
+  EXPECT_NE(c.out.find("(step 120, "), std::string::npos) << c;
+  // The last leg again, killed once it committed step 140, then resumed to the end.
+  RunAndKill(args("c2", "ckpt2", 2, 2, 0), Mpirun(3),
+             [&] {
+               const auto k = Committed(Path("ckpt2"));
+               return !k.empty() && k.back() >= 140;
+             },
+             0.0);
+  const RunResult c2 = RunWith(Mpirun(3), args("c2", "ckpt2", 2, 2, 0));
+  ASSERT_EQ(c2.exit_code, 0) << c2;
+  cli_testing::ExpectSameWeights(Path("c"), Path("c2"));
+  const auto r = StepRecords(ReadAll(Path("ref/metrics.jsonl")));
+  std::map<int64_t, nlohmann::json> resumed = StepRecords(ReadAll(Path("a/metrics.jsonl")));
+  for (const char* part : {"b", "c"}) {
+    for (auto& [step, rec] : StepRecords(ReadAll(Path(std::string(part) + "/metrics.jsonl")))) resumed[step] = rec;
+  }
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps));
+  double worst = 0;
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    const double x = r.at(step).at("loss").get<double>(), y = resumed.at(step).at("loss").get<double>();
+    worst = std::max(worst, std::fabs(x - y) / std::fabs(x));
+  }
+  // Float rounding only (sums over other groupings of the rows): measured 8.6e-8 over the 200 steps.
+  std::printf("[ zero ] largest relative loss difference vs the 1-rank reference: %.2e\n", worst);
+  EXPECT_LT(worst, 1e-5);
+}
+
 TEST_F(CheckpointResumeTest, ADamagedNewestCheckpointIsNamedAndThePreviousOneUsed) {
   const std::string ckpt = Path("ckpt");
   const RunResult full = Run(Args("full", 12, {}));
