@@ -186,6 +186,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
   const ParameterLayout& layout() const override { return model_->layout(); }
   bool collective_state() const override { return true; }
   bool params_collective() const override { return stage_ == 3; }
+  int64_t update_wire_bytes() const override { return update_wire_bytes_; }
 
   Status ZeroGrad() override {
     if (stage_ == 1) model_->ZeroGrad();
@@ -362,6 +363,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
       return Status::OK();
     }
     float* p = stage_ == 1 ? model_->params().data() : params_.data();
+    update_wire_bytes_ = (e_ - b_) * 4 * (plan_.world - 1);
     return comm_->AllGatherV(p + b_, p, Sizes(), comm::DataType::kF32);
   }
   void Invalidate() {
@@ -497,6 +499,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
   std::unique_ptr<CommThread> comm_thread_;
   Status error_;  // a collective under the model's calls failed (reported after the pass)
   double norm_ = 0;
+  int64_t update_wire_bytes_ = 0;
   std::mutex stats_mu_;
   comm::ReducerStats running_, stats_;
 };

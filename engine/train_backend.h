@@ -110,6 +110,9 @@ class TrainBackend {
   // goes) hands the trainer its synchroniser, once; nullptr: the trainer builds one over
   // gradient_buffer().
   virtual std::unique_ptr<comm::GradientSync> TakeGradientSync() { return nullptr; }
+  // Bytes this rank sent in the last ApplyUpdate (ZeRO stages 1 and 2 all-gather the updated
+  // parameters there); 0 otherwise.
+  virtual int64_t update_wire_bytes() const { return 0; }
   // Whether GetOptimizerState (sharded moments) and GetParams (sharded parameters, ZeRO stage 3)
   // are collectives that every rank must call.
   virtual bool collective_state() const { return false; }

@@ -403,6 +403,7 @@ StatusOr<StepStats> Trainer::Step() {
     const auto to = Clock::now();
     TF_RETURN_IF_ERROR(backend_->ApplyUpdate(s.lr, step + 1));
     s.optimizer_ms = ms_since(to);
+    s.wire_bytes += backend_->update_wire_bytes();
   } else {
     s.update_skipped = true;
   }

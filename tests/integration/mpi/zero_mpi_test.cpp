@@ -11,6 +11,9 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/shard_plan.h"
+#include "engine/sharded_backend.h"
+#include "model/parameters.h"
 #include "tests/integration/mpi/data_parallel_fixture.h"
 
 namespace tf {
@@ -107,6 +110,44 @@ TEST_F(ZeroTest, GradientAccumulation) {
     if (topo_.rank == 0) std::printf("[ zero ] stage %d accum 2: weights within %.2e, losses within %.2e\n", stage, w, l);
     EXPECT_LT(w, 1e-4);
     EXPECT_LT(l, 1e-5);
+  }
+}
+
+// The bytes each rank sends per step (metrics' wire_bytes) are the stages' formulas, with S_r this
+// rank's shard: stage 0 all-reduces (reduce-scatter + all-gather of every bucket, balanced),
+// stages 1 and 2 send 4(N - S_r) in the reduce-scatter and 4 S_r (W-1) in the parameters'
+// all-gather; stage 3 gathers every unit for forward and, for backward, the blocks no longer held
+// (all but the last two; wte+wpe and ln_f stay gathered): one more 4 (W-1) x this rank's part of them.
+TEST_F(ZeroTest, BytesPerStepFollowTheFormulas) {
+  TrainConfig t = Config(2, 1, false);
+  t.max_steps = 2;
+  const int W = topo_.world, me = topo_.rank;
+  GPT2Config model = model_;
+  model.n_layer = 4;  // two blocks gathered again for backward
+  const ParameterLayout layout(model);
+  const int64_t N = layout.total();
+  const comm::ShardPlan plan = TrainShardPlan(model, t, W);
+  const int64_t S = plan.size(me);
+  auto mine = [&](int64_t b, int64_t e) { return std::max<int64_t>(0, std::min(e, plan.end(me)) - std::max(b, plan.begin(me))); };
+  int64_t regathered = 0;
+  for (int l = 0; l + 2 < model.n_layer; ++l) regathered += mine(layout.LayerBegin(l), layout.LayerEnd(l));
+  const int64_t sharded = 4 * (N - S) + 4 * S * (W - 1);
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE("zero_stage " + std::to_string(stage));
+    t.zero_stage = stage;
+    auto trainer = Trainer::Create(model, t, {.print_progress = false, .write_outputs = false});
+    ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+    auto result = (*trainer)->Run();
+    ASSERT_TRUE(result.ok()) << result.status().ToString();
+    const int64_t sent = result->steps.back().wire_bytes;
+    if (stage == 0) {
+      const double balanced = 2.0 * 4 * N * (W - 1) / W;  // shards of each bucket rounded to 16 elements
+      EXPECT_NEAR(static_cast<double>(sent), balanced, 0.02 * balanced);
+    } else if (stage < 3) {
+      EXPECT_EQ(sent, sharded);
+    } else {
+      EXPECT_EQ(sent, sharded + 4 * (W - 1) * regathered);
+    }
   }
 }
 
