@@ -11,6 +11,8 @@
 #
 # Usage: scripts/bench_slow_link.sh [steps]     env: LINK_GBIT (default 1; 0 = unshaped shared
 #        memory on one host, the fast-link reference), CODECS, MODEL, B, T
+# CODECS may also name ZeRO stages: `zero1`, `zero2`, `zero3` run compression none with that
+# zero_stage (the bytes per step: docs/distributed.md, "ZeRO").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -24,8 +26,11 @@ BUILD="${BUILD:-build}"
 [[ -x "$BUILD/trainflow" && -x "$BUILD/bench/collectives_mpi_bench" ]] || {
   echo "bench_slow_link: build first (scripts/build.sh; needs $BUILD/trainflow and collectives_mpi_bench)" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || { echo "bench_slow_link: needs root for tc" >&2; exit 1; }
-[[ -f data/fortunes/train.bin ]] || ./"$BUILD"/trainflow prepare --input /usr/share/games/fortunes --delimiter % \
-  --val-fraction 0.05 --out-dir data/fortunes >/dev/null
+# The fortunes, tokenized for the model's vocabulary (GPT-2's for the gpt2-* models, bytes otherwise).
+if grep -q '"vocab_size": *50257' "$MODEL"; then TOK=gpt2; else TOK=byte; fi
+DATA="data/fortunes-$TOK"
+[[ -f "$DATA/train.bin" ]] || ./"$BUILD"/trainflow prepare --input /usr/share/games/fortunes --delimiter % \
+  --val-fraction 0.05 --tokenizer "$TOK" --tokenizer-dir third_party/gpt2-tokenizer --out-dir "$DATA" >/dev/null
 
 NS_A=tfslow-a NS_B=tfslow-b NET=10.231.0
 cleanup() { ip netns del "$NS_A" 2>/dev/null || true; ip netns del "$NS_B" 2>/dev/null || true; }
@@ -65,8 +70,10 @@ declare -A MS LOSS
 for c in $CODECS; do
   d="$OUT/${c//:/_}"
   "${MPI[@]}" "$BUILD/trainflow" train --model "$MODEL" --train configs/train/fortunes.json --max_steps "$STEPS" \
+    --train_data "$DATA/train.bin" --val_data "$DATA/val.bin" --tokenizer "$TOK" \
     --batch_size "$B" --seq_len "$T" --warmup_steps 2 --lr 6e-4 --min_lr 6e-5 --eval_interval 0 --sample_tokens 0 \
-    --shuffle false --log_interval 1 --compression "$c" --out_dir "$d" >"$d.log" 2>&1 || { echo "$c failed:"; tail -5 "$d.log"; continue; }
+    --shuffle false --log_interval 1 $(if [[ $c == zero* ]]; then echo "--compression none --zero_stage ${c#zero}"; \
+      else echo "--compression $c"; fi) --out_dir "$d" >"$d.log" 2>&1 || { echo "$c failed:"; tail -5 "$d.log"; continue; }
   chosen=$(grep -o "compression [a-z0-9:.-]* (auto.*" "$d.log" | head -1 || true)
   read -r ms exposed sent loss < <(python3 - "$d/metrics.jsonl" <<'PY'
 import json, statistics, sys
