@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpointer.h"
+#include "comm/communicator.h"
 #include "model/parameters.h"
 #include "tests/integration/mpi/data_parallel_fixture.h"
 
@@ -88,6 +89,42 @@ double WeightDifference(const std::vector<float>& a, const std::vector<float>& b
     scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
   }
   return diff / scale;
+}
+
+// The communicators of groups of 2: a group (ranks 0-1, 2-3) and across the groups (0-2, 1-3);
+// alone in its color a rank gets the single-process one. The identical sum adds in rank order,
+// which the values below make visible: (big + 1) - big + ... depends on the order.
+TEST_F(ZeroGroupsTest, SplitCommunicatorsAndIdenticalSums) {
+  ASSERT_EQ(topo_.world, 4) << "run me under mpirun -np 4";
+  auto group = comm::MakeSplitCommunicator(topo_, topo_.rank / 2);
+  auto across = comm::MakeSplitCommunicator(topo_, topo_.rank % 2);
+  auto alone = comm::MakeSplitCommunicator(topo_, topo_.rank);
+  auto all = comm::MakeSplitCommunicator(topo_, 7);
+  ASSERT_TRUE(group.ok() && across.ok() && alone.ok() && all.ok()) << group.status().ToString();
+  EXPECT_EQ((*group)->world(), 2);
+  EXPECT_EQ((*group)->rank(), topo_.rank % 2);
+  EXPECT_EQ((*across)->world(), 2);
+  EXPECT_EQ((*across)->rank(), topo_.rank / 2);
+  EXPECT_STREQ((*alone)->name(), "single");
+  EXPECT_EQ((*all)->world(), 4);
+  EXPECT_EQ((*all)->rank(), topo_.rank);
+  auto value = [](int rank, int i) { return (rank % 2 == 0 ? 1e8f : 1.0f) * (i % 3 == 0 ? -1.0f : 1.0f) + 0.25f * i; };
+  for (int n : {1, 3, 4, 1001}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    std::vector<float> data(static_cast<size_t>(n)), expected(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      data[static_cast<size_t>(i)] = value(topo_.rank, i);
+      float sum = value(0, i);
+      for (int r = 1; r < 4; ++r) sum += value(r, i);
+      expected[static_cast<size_t>(i)] = sum;
+    }
+    std::vector<float> scratch;
+    auto sent = comm::AllReduceSumIdentical(**all, data.data(), n, &scratch);
+    ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+    EXPECT_TRUE(Identical(data, expected));
+    EXPECT_TRUE(SameOnEveryRank(data));
+    EXPECT_LE(scratch.size(), static_cast<size_t>((n + 3) / 4));
+  }
 }
 
 TEST_F(ZeroGroupsTest, EveryGroupHoldsTheSameBitsNearStageZero) {
