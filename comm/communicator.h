@@ -1,6 +1,6 @@
 // Communicator: the collectives data parallelism needs, over one group of ranks, behind one
 // interface with three implementations:
-//   SingleProcessCommunicator  world size 1 (no MPI): collectives are copies or no-ops.
+//   SingleProcessCommunicator  world size 1 (no MPI, or a group of one): copies or no-ops.
 //   MpiCommunicator            CPU ranks: host buffers, MPI non-blocking collectives polled with a
 //                              deadline (comm/mpi_communicator.h).
 //   NcclCommunicator           GPU ranks: device buffers, NCCL on a communication stream
@@ -18,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "comm/process_group.h"
 #include "base/status.h"
@@ -86,6 +87,18 @@ class SingleProcessCommunicator final : public Communicator {
 // MpiCommunicator over a duplicate of MPI_COMM_WORLD (so its traffic never mixes with other MPI
 // users). Reads TRAINFLOW_COMM_TIMEOUT.
 StatusOr<std::unique_ptr<Communicator>> MakeHostCommunicator(const Topology& topology);
+// The host communicator over the ranks of `topology` that pass the same `color` as this one
+// (MPI_Comm_split of MPI_COMM_WORLD), ordered as in the world: SingleProcessCommunicator when this
+// rank is alone in its color, otherwise an MpiCommunicator over the split. ZeRO replica groups use
+// two: color rank / G gives a rank's group of G consecutive ranks (its index there is rank % G),
+// color rank % G the ranks across the groups with the same index. Collective: every rank of the
+// world calls it, in the same order. REQUIRES: color >= 0. Reads TRAINFLOW_COMM_TIMEOUT.
+StatusOr<std::unique_ptr<Communicator>> MakeSplitCommunicator(const Topology& topology, int color);
+// In place: data[0..n) = the sum over the ranks of `comm`, bit-identical on every rank, which an
+// all-reduce does not promise: ReduceScatterSum (each element added in rank order on one rank) into
+// `scratch`, then AllGatherV. fp32; scratch grows to at most ceil(n / world) elements. Returns the
+// bytes this rank sent. Collective over `comm`.
+StatusOr<int64_t> AllReduceSumIdentical(Communicator& comm, float* data, int64_t n, std::vector<float>* scratch);
 // What this process is using its communicators for ("step 12: gradient reduction"), quoted by the
 // warnings and timeout errors of waits so a stuck collective says what it was for. Thread-safe.
 void SetActivity(std::string what);

@@ -75,6 +75,45 @@ StatusOr<std::unique_ptr<Communicator>> MakeHostCommunicator(const Topology& top
   return c;
 }
 
+StatusOr<std::unique_ptr<Communicator>> MakeSplitCommunicator(const Topology& topology, int color) {
+  if (color < 0) return Status::InvalidArgument("communicator split: negative color {}", color);
+  if (!topology.mpi) {
+    if (topology.world != 1) return Status::Internal("a {}-rank topology without MPI", topology.world);
+    return MakeHostCommunicator(topology);
+  }
+  MPI_Comm split = MPI_COMM_NULL;
+  TF_MPI_RETURN_IF_ERROR(MPI_Comm_split(MPI_COMM_WORLD, color, topology.rank, &split));
+  // MpiCommunicator::Create duplicates the split; this handle is freed either way.
+  int size = 0;
+  const int rc = MPI_Comm_size(split, &size);
+  Status s = rc == MPI_SUCCESS ? Status::OK() : MpiError(rc, "MPI_Comm_size");
+  std::unique_ptr<Communicator> c;
+  if (s.ok() && size == 1) {
+    c = std::make_unique<SingleProcessCommunicator>();
+  } else if (s.ok()) {
+    StatusOr<std::unique_ptr<MpiCommunicator>> mpi = MpiCommunicator::Create(split);
+    if (mpi.ok()) c = std::move(*mpi);
+    s = mpi.status();
+  }
+  MPI_Comm_free(&split);
+  TF_RETURN_IF_ERROR(s);
+  TF_ASSIGN_OR_RETURN(const double timeout, CommTimeoutFromEnvironment());
+  c->set_timeout_seconds(timeout);
+  return c;
+}
+
+StatusOr<int64_t> AllReduceSumIdentical(Communicator& comm, float* data, int64_t n, std::vector<float>* scratch) {
+  const int W = comm.world(), me = comm.rank();
+  if (W == 1 || n == 0) return int64_t{0};
+  std::vector<int64_t> counts(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) counts[static_cast<size_t>(r)] = n * (r + 1) / W - n * r / W;
+  const int64_t mine = counts[static_cast<size_t>(me)];
+  if (static_cast<int64_t>(scratch->size()) < mine) scratch->resize(static_cast<size_t>(mine));
+  TF_RETURN_IF_ERROR(comm.ReduceScatterSum(data, scratch->data(), counts, DataType::kF32));
+  TF_RETURN_IF_ERROR(comm.AllGatherV(scratch->data(), data, counts, DataType::kF32));
+  return ((n - mine) + mine * (W - 1)) * int64_t{4};
+}
+
 namespace {
 std::mutex activity_mu;
 std::string& ActivityLabel() {

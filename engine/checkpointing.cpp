@@ -101,7 +101,9 @@ StatusOr<std::unique_ptr<TrainCheckpointing>> TrainCheckpointing::Create(Trainer
   checkpoint::CheckpointerOptions o;
   o.rank = topo.rank;
   o.world = topo.world;
-  // Each rank writes the range the shard plan gives it: its shard under ZeRO, the same range at stage 0.
+  // Each rank writes the range the shard plan gives it: its shard under ZeRO, the same range at
+  // stage 0. With replica groups the plan is over one group, so only group 0 (ranks below its size)
+  // gets chunks; the other ranks write empty parts (the commit waits for every rank's).
   o.chunk_elements = std::max<int64_t>(1, t.shard_plan().chunk_elements);
   o.chunks_per_rank = t.shard_plan().chunks_per_rank;
   o.wait_when_busy = c.checkpoint_when_busy == "wait";
@@ -416,8 +418,8 @@ StatusOr<TrainState> Load(Trainer& t, ObjectStore& store, const Manifest& m, std
   // of the parameters).
   int64_t b = 0, e = P;
   if (t.backend().collective_state()) {
-    b = t.shard_plan().begin(t.topology().rank);
-    e = t.shard_plan().end(t.topology().rank);
+    b = t.shard_plan().begin(t.shard_rank());
+    e = t.shard_plan().end(t.shard_rank());
   }
   const bool params_sliced = t.backend().params_collective();
   s.slice_begin = b;

@@ -102,7 +102,7 @@ class ProgressObserver final : public StepObserver {
       const auto& buckets = t.gradient_sync().buckets();
       if (t.backend().gradient_buffer().on_device) {
         fmt::print("gradient reduction: on the GPU, compression {} ({})\n", t.compression(), t.compression_reason());
-      } else if (c.zero_stage >= 2) {
+      } else if (c.zero_stage >= 1) {
         fmt::print("gradient reduction: compression {} ({})\n", t.compression(), t.compression_reason());
       } else if (!buckets.empty()) {
         fmt::print("gradient reduction: {} bucket{} (first {:.2f} MiB, then up to {:.2f} MiB), compression {} ({})\n",

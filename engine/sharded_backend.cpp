@@ -112,7 +112,7 @@ class ShardSync final : public comm::StatelessGradientSync {
  public:
   explicit ShardSync(ShardedCpuBackend* backend) : backend_(backend) {}
   void BeginStep(int64_t) override;
-  void MarkReady(int64_t, int64_t) override {}
+  void MarkReady(int64_t begin, int64_t end) override;
   Status Finish() override;
   StatusOr<comm::ReducerStats> LastStats() override;
   const std::vector<comm::Bucket>& buckets() const override { return buckets_; }
@@ -126,16 +126,17 @@ class ShardSync final : public comm::StatelessGradientSync {
 
 class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
  public:
-  ShardedCpuBackend(int stage, const comm::ShardPlan& plan, std::unique_ptr<comm::Communicator> comm)
-      : stage_(stage), plan_(plan), comm_(std::move(comm)), me_(comm_->rank()), b_(plan.begin(me_)),
-        e_(plan.end(me_)) {}
+  ShardedCpuBackend(int stage, const comm::ShardPlan& plan, std::unique_ptr<comm::Communicator> group,
+                    std::unique_ptr<comm::Communicator> across)
+      : stage_(stage), plan_(plan), comm_(std::move(group)), across_(std::move(across)), me_(comm_->rank()),
+        world_(comm_->world() * across_->world()), b_(plan.begin(me_)), e_(plan.end(me_)) {}
 
   Status Init(const GPT2Config& config, const TrainConfig& train, const AdamWConfig& adamw) {
     TF_ASSIGN_OR_RETURN(model_, GPT2::Create(config, train.batch_size, train.seq_len, /*external_storage=*/stage_ >= 2));
     const ParameterLayout& layout = model_->layout();
     if (plan_.total != layout.total() || plan_.world != comm_->world()) {
-      return Status::Internal("shard plan of {} elements over {} ranks for {} parameters over {} ranks", plan_.total,
-                              plan_.world, layout.total(), comm_->world());
+      return Status::Internal("shard plan of {} elements over {} ranks for {} parameters over a group of {} ranks",
+                              plan_.total, plan_.world, layout.total(), comm_->world());
     }
     const int units = NumUnits(layout);
     for (int u = 0; u < units; ++u) units_.push_back(UnitRange(layout, u));
@@ -169,10 +170,8 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
     }
     first_.assign(static_cast<size_t>(units), true);
     grad_slot_.assign(static_cast<size_t>(units), nullptr);
-    if (stage_ >= 2) {
-      model_->set_unit_storage(this);
-      comm_thread_ = std::make_unique<CommThread>();
-    }
+    if (stage_ >= 2) model_->set_unit_storage(this);
+    comm_thread_ = std::make_unique<CommThread>();
     return Status::OK();
   }
 
@@ -180,8 +179,12 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
 
   std::string Describe() const override {
     const int n = omp_get_max_threads();
-    return fmt::format("cpu ({} thread{}), ZeRO stage {}: elements [{}, {}) of {}", n, n == 1 ? "" : "s", stage_, b_,
-                       e_, plan_.total);
+    const std::string group =
+        across_->world() == 1 ? ""
+                              : fmt::format(" (replica group {} of {}, {} ranks each)", across_->rank(),
+                                            across_->world(), comm_->world());
+    return fmt::format("cpu ({} thread{}), ZeRO stage {}: elements [{}, {}) of {}{}", n, n == 1 ? "" : "s", stage_, b_,
+                       e_, plan_.total, group);
   }
   const ParameterLayout& layout() const override { return model_->layout(); }
   bool collective_state() const override { return true; }
@@ -206,7 +209,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
   }
 
   StatusOr<float> GradNorm() override {
-    const float* g = stage_ == 1 ? model_->grads().data() + b_ : shard_grads_.data();
+    const float* g = ShardGrads();
     double mine = cpu::sum_squares(g, static_cast<long>(e_ - b_));
     std::vector<double> parts(static_cast<size_t>(plan_.world));
     TF_RETURN_IF_ERROR(comm_->AllGather(&mine, parts.data(), sizeof(double)));
@@ -217,9 +220,8 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
   }
 
   Status ApplyUpdate(double lr, int64_t t) override {
-    if (comm_thread_) TF_RETURN_IF_ERROR(comm_thread_->Drain());
-    const float* g = stage_ == 1 ? model_->grads().data() + b_ : shard_grads_.data();
-    optimizer_->Apply(OwnParams(), g, lr, t, norm_);
+    TF_RETURN_IF_ERROR(comm_thread_->Drain());
+    optimizer_->Apply(OwnParams(), ShardGrads(), lr, t, norm_);
     return Publish();
   }
 
@@ -238,7 +240,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
   }
   Status SetParams(std::span<const float> in) override {
     TF_RETURN_IF_ERROR(CheckWhole(in.size(), "SetParams"));
-    if (comm_thread_) TF_RETURN_IF_ERROR(comm_thread_->Drain());
+    TF_RETURN_IF_ERROR(comm_thread_->Drain());
     if (stage_ == 3) {
       std::copy(in.begin() + b_, in.begin() + e_, shard_params_.data());
       Invalidate();
@@ -282,6 +284,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
     return Status::OK();
   }
   Status SnapshotState(int64_t begin, int64_t end, float* params, float* m, float* v) override {
+    if (begin == end) return Status::OK();  // a part with no chunks (a rank outside replica group 0)
     if (begin < b_ || begin > end || end > e_) {
       return Status::InvalidArgument("rank {} holds elements [{}, {}) of the state (ZeRO stage {}); a snapshot asked "
                                      "for [{}, {})",
@@ -293,29 +296,32 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
     std::copy_n(optimizer_->v().data() + o, n, v);
     return Status::OK();
   }
-  comm::GradientBuffer gradient_buffer() override {
-    if (stage_ != 1) return comm::GradientBuffer{};
-    return comm::GradientBuffer{.data = model_->grads().data(),
-                                .dtype = comm::DataType::kF32,
-                                .elements = static_cast<int64_t>(model_->grads().size())};
-  }
+  comm::GradientBuffer gradient_buffer() override { return comm::GradientBuffer{}; }
   void SetGradReadyHook(GPT2::GradReadyHook hook) override {
     if (stage_ == 1) model_->set_grad_ready_hook(std::move(hook));
   }
-  std::unique_ptr<comm::GradientSync> TakeGradientSync() override {
-    if (stage_ == 1) return nullptr;
-    return std::make_unique<ShardSync>(this);
-  }
+  std::unique_ptr<comm::GradientSync> TakeGradientSync() override { return std::make_unique<ShardSync>(this); }
 
   // ShardSync's side.
   void BeginReduction() { running_ = comm::ReducerStats{}; }
+  // Stage 1: backward of the step's last micro-batch made the unit at [begin, end) of the model's
+  // gradient final; its reduction goes from there into the shard.
+  void RangeReady(int64_t begin, int64_t end) {
+    if (stage_ != 1) return;
+    const auto it = std::lower_bound(units_.begin(), units_.end(), std::make_pair(begin, end));
+    if (it == units_.end() || *it != std::make_pair(begin, end)) {
+      Fail(Status::Internal("ZeRO stage 1: grad-ready range [{}, {}) is not a unit", begin, end));
+      return;
+    }
+    Reduce(static_cast<int>(it - units_.begin()), model_->grads().data() + begin, /*first=*/true);
+  }
   Status FinishReduction() {
     const auto t0 = Clock::now();
     Status s = comm_thread_->Drain();
     running_.exposed_ms = MsSince(t0);
     if (!s.ok()) return s;
-    const float inv = 1.0f / static_cast<float>(plan_.world);
-    float* g = shard_grads_.data();
+    const float inv = 1.0f / static_cast<float>(world_);
+    float* g = ShardGrads();
     const int64_t n = e_ - b_;
     for (int64_t i = 0; i < n; ++i) g[i] *= inv;
     {
@@ -341,6 +347,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
 
   bool IsRoot(int unit) const { return unit == root_[0] || unit == root_[1]; }
   int RootIndex(int unit) const { return unit == root_[0] ? 0 : 1; }
+  float* ShardGrads() { return stage_ == 1 ? model_->grads().data() + b_ : shard_grads_.data(); }
   float* OwnParams() {
     if (stage_ == 3) return shard_params_.data();
     return (stage_ == 1 ? model_->params().data() : params_.data()) + b_;
@@ -459,30 +466,39 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
   }
   void GradsDone(int u) override {
     Slot& slot = *grad_slot_[static_cast<size_t>(u)];
-    const auto [ub, ue] = units_[static_cast<size_t>(u)];
-    const int64_t lo = std::clamp(ub, b_, e_), n = Mine(ub, ue);
     const bool first = first_[static_cast<size_t>(u)];
     first_[static_cast<size_t>(u)] = false;
-    const float* src = slot.buf.data();
-    float* shard = shard_grads_.data() + (lo - b_);
-    slot.ticket = comm_thread_->Push([this, ub, ue, n, first, src, shard] {
+    slot.ticket = Reduce(u, slot.buf.data(), first);
+  }
+
+  // Queues the reduction of unit u's gradient `src` (the unit's size) into this rank's shard:
+  // reduce-scattered within the group (rank order), then each shard piece summed across the groups
+  // (comm/communicator.h AllReduceSumIdentical: every group gets the same bits). The first
+  // micro-batch's sum goes straight into the shard (stage 0's bits without groups); later ones add.
+  int64_t Reduce(int u, const float* src, bool first) {
+    const auto [ub, ue] = units_[static_cast<size_t>(u)];
+    const int64_t lo = std::clamp(ub, b_, e_), n = Mine(ub, ue);
+    float* shard = ShardGrads() + (lo - b_);
+    return comm_thread_->Push([this, ub, ue, n, first, src, shard] {
       const auto t0 = Clock::now();
-      // The first micro-batch's sum goes straight into the shard (stage 0's bits); later ones add.
       if (!first && scratch_.size() < n) scratch_ = AlignedBuffer(MaxPiece());  // accumulation only
       float* recv = first ? shard : scratch_.data();
       TF_RETURN_IF_ERROR(comm_->ReduceScatterSum(src, recv, plan_.Counts(ub, ue), comm::DataType::kF32));
+      TF_ASSIGN_OR_RETURN(const int64_t across, comm::AllReduceSumIdentical(*across_, recv, n, &across_scratch_));
       if (!first) {
         for (int64_t i = 0; i < n; ++i) shard[i] += recv[i];
       }
-      Account(MsSince(t0), (ue - ub - n) * 4);
+      Account(MsSince(t0), (ue - ub - n) * 4 + across);
       return Status::OK();
     });
   }
 
   const int stage_;
   const comm::ShardPlan plan_;
-  std::unique_ptr<comm::Communicator> comm_;
-  const int me_;
+  std::unique_ptr<comm::Communicator> comm_;    // this rank's replica group (all ranks without groups)
+  std::unique_ptr<comm::Communicator> across_;  // the ranks of the other groups with this rank's index
+  const int me_;      // this rank's index in its group: its plan rank
+  const int world_;   // all ranks: the gradient is their average
   const int64_t b_, e_;  // this rank's shard
   std::unique_ptr<GPT2> model_;
   std::unique_ptr<AdamW> optimizer_;
@@ -492,6 +508,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
   AlignedBuffer shard_params_;  // stage 3: this rank's shard of them
   AlignedBuffer shard_grads_;   // stages 2, 3: the reduced gradient of the shard
   AlignedBuffer scratch_;       // the communication thread's: a later micro-batch's piece (accumulation)
+  std::vector<float> across_scratch_;  // the communication thread's: the sum across the groups
   std::array<Slot, 2> root_params_, block_params_, root_grads_, block_grads_;
   std::vector<bool> first_;       // per unit: no micro-batch reduced yet this step
   std::vector<Slot*> grad_slot_;  // per unit: the slot its gradient is in
@@ -505,6 +522,7 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
 };
 
 void ShardSync::BeginStep(int64_t) { backend_->BeginReduction(); }
+void ShardSync::MarkReady(int64_t begin, int64_t end) { backend_->RangeReady(begin, end); }
 Status ShardSync::Finish() { return backend_->FinishReduction(); }
 StatusOr<comm::ReducerStats> ShardSync::LastStats() { return backend_->LastReductionStats(); }
 
@@ -523,11 +541,13 @@ double PlannedSumSquares(const float* grads, const comm::ShardPlan& plan) {
 
 StatusOr<std::unique_ptr<TrainBackend>> MakeShardedCpuBackend(const GPT2Config& model, const TrainConfig& train,
                                                               const AdamWConfig& adamw, const comm::ShardPlan& plan,
-                                                              std::unique_ptr<comm::Communicator> comm) {
+                                                              std::unique_ptr<comm::Communicator> group,
+                                                              std::unique_ptr<comm::Communicator> across) {
   if (train.zero_stage < 1 || train.zero_stage > 3) {
     return Status::InvalidArgument("zero_stage {}: the sharded backend runs stages 1 to 3", train.zero_stage);
   }
-  auto backend = std::make_unique<ShardedCpuBackend>(train.zero_stage, plan, std::move(comm));
+  if (group == nullptr || across == nullptr) return Status::Internal("the sharded backend needs two communicators");
+  auto backend = std::make_unique<ShardedCpuBackend>(train.zero_stage, plan, std::move(group), std::move(across));
   TF_RETURN_IF_ERROR(backend->Init(model, train, adamw));
   return std::unique_ptr<TrainBackend>(std::move(backend));
 }

@@ -253,8 +253,14 @@ StatusOr<std::unique_ptr<TrainBackend>> MakeTrainBackend(const GPT2Config& model
   const AdamWConfig adamw{train.beta1, train.beta2, train.eps, train.weight_decay, train.grad_clip};
   if (!UsesCuda(train)) {
     if (train.zero_stage == 0) return MakeCpuBackend(model, train, adamw, plan);
-    TF_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm, comm::MakeHostCommunicator(topo));
-    return MakeShardedCpuBackend(model, train, adamw, plan, std::move(comm));
+    // The plan is over one replica group of G consecutive ranks (all ranks without groups).
+    const int G = plan.world;
+    if (G < 1 || topo.world % G != 0) {
+      return Status::Internal("a shard plan over {} ranks for a world of {}", G, topo.world);
+    }
+    TF_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> group, comm::MakeSplitCommunicator(topo, topo.rank / G));
+    TF_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> across, comm::MakeSplitCommunicator(topo, topo.rank % G));
+    return MakeShardedCpuBackend(model, train, adamw, plan, std::move(group), std::move(across));
   }
   if (train.zero_stage > 0) {
     return Status::InvalidArgument("zero_stage {} runs on CPU ranks in this version; GPU ranks train with zero_stage 0 "

@@ -106,9 +106,9 @@ class TrainBackend {
   // (model/parameters.h GradReadyRanges) during backward.
   virtual comm::GradientBuffer gradient_buffer() = 0;
   virtual void SetGradReadyHook(GPT2::GradReadyHook hook) = 0;
-  // A backend that reduces the gradients itself (ZeRO stages 2 and 3: reduce-scattered as backward
-  // goes) hands the trainer its synchroniser, once; nullptr: the trainer builds one over
-  // gradient_buffer().
+  // A backend that reduces the gradients itself (ZeRO stages 1-3: reduce-scattered as backward
+  // goes) hands the trainer its synchroniser, once, to be fed by the grad-ready hook as any other;
+  // nullptr: the trainer builds one over gradient_buffer().
   virtual std::unique_ptr<comm::GradientSync> TakeGradientSync() { return nullptr; }
   // Bytes this rank sent in the last ApplyUpdate (ZeRO stages 1 and 2 all-gather the updated
   // parameters there); 0 otherwise.
@@ -127,9 +127,10 @@ class TrainBackend {
 // The backend `train.device` asks for ("auto": CUDA when the build has it and a GPU is visible),
 // planned for B = train.batch_size, T = train.seq_len, on GPU `local_rank`, holding the state
 // `plan` gives this rank under train.zero_stage (engine/sharded_backend.h; stage 0 uses the plan only
-// to sum the gradient norm in the order the sharded stages do). InvalidArgument naming the problem
-// (no GPU, more ranks than GPUs on a host, a stage the device does not run). Parameters are not
-// initialised. Collective when zero_stage > 0 (the backend gets a communicator of its own).
+// to sum the gradient norm in the order the sharded stages do; for stages 1-3 plan.world is the
+// replica group's size, dividing the world). InvalidArgument naming the problem (no GPU, more ranks
+// than GPUs on a host, a stage the device does not run). Parameters are not initialised. Collective
+// when zero_stage > 0 (the backend gets communicators of its own: its group and across the groups).
 StatusOr<std::unique_ptr<TrainBackend>> MakeTrainBackend(const GPT2Config& model, const TrainConfig& train,
                                                          const comm::Topology& topology, const comm::ShardPlan& plan);
 // Whether `train.device` resolves to the CUDA backend here.

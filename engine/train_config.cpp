@@ -387,6 +387,11 @@ const std::vector<Option>& Options() {
        "ZeRO sharding of the training state over the ranks: `0` every rank holds all of it; `1` the optimizer moments "
        "(and a GPU's fp32 master weights) are sharded, `2` also the gradients, `3` also the parameters (gathered "
        "layer by layer); the same weights bit for bit (docs/distributed.md, \"ZeRO\")"},
+      {"shard_group_size", Int(&C::shard_group_size, 0),
+       "ZeRO replica groups: shard within groups of this many ranks (0: all)",
+       "ZeRO replica groups (hybrid sharding): with `zero_stage` 1-3 the state is sharded within groups of this "
+       "many consecutive ranks (a node) and replicated across the groups; must divide the number of ranks; `0` one "
+       "group of all ranks (docs/distributed.md, \"ZeRO\")"},
       {"metrics_addr", StrChecked(&C::metrics_addr, [](const std::string& v) {
          return v == "off" || v.empty() ? Status::OK() : ParseHostPort(v).status();
        }), "metrics endpoint and dashboard HOST:PORT (+ local rank); off: none",
@@ -470,6 +475,7 @@ StatusOr<TrainConfig> ParseTrainConfig(const json& j, const std::string& source)
                                    "whole gradient on every rank; use zero_stage 0 with a codec, or compression none",
                                    source, c.zero_stage, c.compression);
   }
+  if (Status g = CheckShardGroupSize(c, 0); !g.ok()) return g.WithContext(source);
   if (c.tokens_per_step() > (int64_t{1} << 40)) {
     return Status::InvalidArgument("{}: batch_size x seq_len x grad_accum_steps is too large", source);
   }
@@ -571,6 +577,24 @@ Status ValidateRun(const GPT2Config& model, const TrainConfig& train) {
                                    model.block_size);
   }
   if (train.tokenizer != "auto") TF_RETURN_IF_ERROR(CheckTokenizerFitsModel(train.tokenizer, model, "the training config's"));
+  return Status::OK();
+}
+
+Status CheckShardGroupSize(const TrainConfig& train, int world) {
+  const int g = train.shard_group_size;
+  if (g == 0) return Status::OK();
+  if (train.zero_stage == 0) {
+    return Status::InvalidArgument("training config key 'shard_group_size' ({}) shards the state within groups of "
+                                   "ranks, but zero_stage is 0 (nothing sharded): set zero_stage 1, 2 or 3, or "
+                                   "shard_group_size 0",
+                                   g);
+  }
+  if (world > 0 && world % g != 0) {
+    return Status::InvalidArgument("training config key 'shard_group_size' {} does not divide the {} ranks of this "
+                                   "job: replica groups of {} ranks cannot cover {} ranks; use a divisor of {}, or 0 "
+                                   "for one group of all ranks",
+                                   g, world, g, world, world);
+  }
   return Status::OK();
 }
 

@@ -91,6 +91,10 @@ struct TrainConfig {
   // ZeRO: 0 replicates the training state on every rank; 1 shards the optimizer moments (and, on a
   // GPU, the fp32 master weights), 2 also the gradients, 3 also the parameters (docs/distributed.md).
   int zero_stage = 0;
+  // ZeRO replica groups (hybrid sharding): the state is sharded within groups of this many
+  // consecutive ranks and replicated across the groups; 0: one group of all ranks. Must divide the
+  // world size (CheckShardGroupSize).
+  int shard_group_size = 0;
   // Monitoring (monitor/, docs/monitoring.md).
   std::string metrics_addr = "127.0.0.1:9470";
   std::string metrics_token_file;
@@ -132,6 +136,9 @@ void ApplyOverrides(const std::vector<std::pair<std::string, std::string>>& over
 
 // Cross-checks a run: seq_len <= block_size, and so on. Messages name both keys.
 Status ValidateRun(const GPT2Config& model, const TrainConfig& train);
+// shard_group_size against zero_stage and, when world > 0, the world size it must divide:
+// InvalidArgument naming the keys and numbers.
+Status CheckShardGroupSize(const TrainConfig& train, int world);
 // OK when tokenizer `kind` has exactly the model's vocab_size (or is unknown); else InvalidArgument
 // "<whose> tokenizer 'byte' has 256 tokens, but the model has vocab_size 50257: <what to do>".
 Status CheckTokenizerFitsModel(const std::string& kind, const GPT2Config& model, const std::string& whose);

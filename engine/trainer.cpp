@@ -75,6 +75,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
     TF_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(ModelConfigToJson(model).dump(), "model config"));
     TF_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(TrainConfigToJson(train).dump(), "training config"));
   }
+  TF_RETURN_IF_ERROR(CheckShardGroupSize(train, topo.world));
   // Outputs are checked now, not after hours of training.
   if (options.write_outputs && topo.rank == 0) {
     if (train.out_dir.empty()) return Status::InvalidArgument("training config key 'out_dir' is empty");
@@ -102,7 +103,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GPT2Config& model, cons
   }
   TF_RETURN_IF_ERROR(t->ResolveTokenizer());
 
-  t->plan_ = TrainShardPlan(model, train, topo.world);
+  // Sharded within replica groups of shard_group_size ranks (all of them by default).
+  t->plan_ = TrainShardPlan(model, train, train.shard_group_size > 0 ? train.shard_group_size : topo.world);
   TF_RETURN_IF_ERROR(t->PlanMemory());
   TF_ASSIGN_OR_RETURN(t->backend_, MakeTrainBackend(model, train, topo, t->plan_));
   if (!UsesCuda(train) && options.print_progress && topo.rank == 0 &&
@@ -171,10 +173,10 @@ Status Trainer::PlanMemory() {
   const int64_t activations = cuda ? 0 : GPT2::ActivationBytes(model_config_, config_.batch_size, config_.seq_len);
   const int64_t shard = plan_.shard_elements;
   auto plan_for = [&](int stage) { return PlanStateBytes(model_config_, device, stage, shard, activations); };
-  state_bytes_line_ = DescribeStateBytes(plan_for(config_.zero_stage), config_.zero_stage, topology_.world);
+  state_bytes_line_ = DescribeStateBytes(plan_for(config_.zero_stage), config_.zero_stage, plan_.world);
   if (cuda) return Status::OK();
   TF_ASSIGN_OR_RETURN(const MemoryBudget budget, HostMemoryBudget(env_, topology_.local_world));
-  return CheckStateFits(config_.zero_stage, topology_.world, plan_for, budget);
+  return CheckStateFits(config_.zero_stage, plan_.world, plan_for, budget);
 }
 
 // The tokenizer is the data's: what train.bin records (val.bin must agree), else what the config
@@ -221,9 +223,14 @@ Status Trainer::ResolveTokenizer() {
 }
 
 Status Trainer::SetUpDataParallel() {
-  // ZeRO stages 2 and 3 reduce inside the backend, one rank or several.
+  // ZeRO stages 1-3 reduce inside the backend, one rank or several.
   std::unique_ptr<comm::GradientSync> own = backend_->TakeGradientSync();
-  sync_ = own ? std::move(own) : comm::MakeLocalGradientSync();
+  const bool sharded = own != nullptr;
+  sync_ = sharded ? std::move(own) : comm::MakeLocalGradientSync();
+  auto hook = [this](int64_t begin, int64_t end) {
+    if (reduce_now_) sync_->MarkReady(begin, end);
+  };
+  if (sharded) backend_->SetGradReadyHook(hook);
   if (topology_.world == 1 && config_.compression == "none") return Status::OK();
   data_parallel_ = true;
   // The host communicator also carries the loss/eval averages and the initial broadcast on GPUs.
@@ -240,11 +247,16 @@ Status Trainer::SetUpDataParallel() {
       rank_devices_.emplace_back(all.c_str() + kLine * static_cast<size_t>(r));
     }
   }
-  if (config_.zero_stage >= 2) {
+  if (sharded) {
     codec_ = "none";
+    const int G = plan_.world;
     codec_reason_ = fmt::format("zero_stage {}: each unit's gradient is reduce-scattered to its owners as backward "
-                                "finishes it",
-                                config_.zero_stage);
+                                "finishes it{}",
+                                config_.zero_stage,
+                                G == topology_.world ? ""
+                                                     : fmt::format(", within replica groups of {} ranks, then summed "
+                                                                   "across the {} groups",
+                                                                   G, topology_.world / G));
     return Status::OK();
   }
   comm::ReducerOptions ro;
@@ -252,20 +264,13 @@ Status Trainer::SetUpDataParallel() {
   ro.first_bucket_bytes = static_cast<int64_t>(config_.first_bucket_mb * (1 << 20));
   ro.error_feedback = config_.error_feedback;
   ro.seed = config_.seed;
-  std::string compression = config_.compression;
-  if (config_.zero_stage == 1) {
-    ro.zero_plan = plan_;
-    compression = "none";  // "auto" too: the sharded reduction is exact
-  }
   TF_ASSIGN_OR_RETURN(comm::GradientSyncSetup setup,
                       comm::MakeGradientSync(topology_, comm_.get(), backend_->gradient_buffer(),
-                                             GradReadyRanges(backend_->layout()), ro, compression));
+                                             GradReadyRanges(backend_->layout()), ro, config_.compression));
   sync_ = std::move(setup.sync);
   codec_ = setup.codec;
   codec_reason_ = setup.reason;
-  backend_->SetGradReadyHook([this](int64_t begin, int64_t end) {
-    if (reduce_now_) sync_->MarkReady(begin, end);
-  });
+  backend_->SetGradReadyHook(hook);
   return Status::OK();
 }
 

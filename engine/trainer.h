@@ -163,8 +163,11 @@ class Trainer {
   const DataLoader& train_data() const { return *train_data_; }
   // The state one rank holds, by kind (engine/memory_plan.h DescribeStateBytes), as planned at start.
   const std::string& state_bytes_line() const { return state_bytes_line_; }
-  // Who owns which range of the flat state (engine/sharded_backend.h TrainShardPlan).
+  // Who owns which range of the flat state (engine/sharded_backend.h TrainShardPlan): over the
+  // ranks of one replica group (shard_group_size; all ranks without groups).
   const comm::ShardPlan& shard_plan() const { return plan_; }
+  // This rank's index in the plan: its place within its replica group (the rank without groups).
+  int shard_rank() const { return topology_.rank % plan_.world; }
   const DataLoader* val_data() const { return val_data_ ? &*val_data_ : nullptr; }
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
   bool data_parallel() const { return data_parallel_; }

@@ -196,6 +196,7 @@ TEST(TrainConfigTest, OutOfRangeValuesAreRejected) {
       {"compression", "topk:0"}, {"compression", "topk:1.5"}, {"bucket_mb", 0.0}, {"first_bucket_mb", -1.0},
       {"error_feedback", 1},  {"attention", "sdpa"}, {"recompute", 3}, {"recompute", -1},
       {"gelu_fusion", 3}, {"gelu_fusion", -2}, {"deterministic", 1}, {"zero_stage", 4}, {"zero_stage", -1},
+      {"shard_group_size", -1}, {"shard_group_size", 1.5},
   };
   for (const auto& [key, value] : cases) {
     SCOPED_TRACE(key + " = " + value.dump());
@@ -210,6 +211,18 @@ TEST(TrainConfigTest, ZeroStagesReduceExactly) {
   }
   ExpectInvalid(ParseTrainConfig(json{{"zero_stage", 2}, {"compression", "int8"}}, kSource).status(),
                 {"zero_stage 2", "compression", "int8", kSource});
+}
+
+TEST(TrainConfigTest, ShardGroupsNeedAShardedStageAndADivisorOfTheWorld) {
+  auto c = ParseTrainConfig(json{{"zero_stage", 3}, {"shard_group_size", 2}}, kSource);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->shard_group_size, 2);
+  EXPECT_TRUE(CheckShardGroupSize(*c, 4).ok());
+  EXPECT_TRUE(CheckShardGroupSize(*c, 2).ok());
+  ExpectInvalid(CheckShardGroupSize(*c, 3), {"shard_group_size", "2", "3 ranks", "divisor"});
+  ExpectInvalid(ParseTrainConfig(json{{"shard_group_size", 2}}, kSource).status(),
+                {"shard_group_size", "zero_stage is 0", kSource});
+  EXPECT_TRUE(ParseTrainConfig(json{{"shard_group_size", 0}}, kSource).ok());
 }
 
 TEST(TrainConfigTest, LrDecayMustBeAKnownSchedule) {
