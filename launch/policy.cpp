@@ -387,7 +387,8 @@ StatusOr<RestartBackoff> RestartBackoff::FromJson(const nlohmann::json& j, Backo
 }
 
 StatusOr<BatchPlan> PlanBatch(int64_t global_rows, int max_batch_size, int min_ranks, int max_ranks,
-                              int usable_slots) {
+                              int usable_slots, int world_multiple) {
+  if (world_multiple < 1) return Status::InvalidArgument("world multiple {} is less than 1", world_multiple);
   if (global_rows < 1 || global_rows > INT32_MAX) {
     return Status::InvalidArgument("global batch of {} rows is outside 1..{}", global_rows, INT32_MAX);
   }
@@ -401,9 +402,13 @@ StatusOr<BatchPlan> PlanBatch(int64_t global_rows, int max_batch_size, int min_r
     return Status::Unavailable("{} usable slot{}, fewer than min_ranks {}", usable_slots, usable_slots == 1 ? "" : "s",
                                min_ranks);
   }
-  const int top = std::min(max_ranks, usable_slots);
+  const int top = std::min(max_ranks, usable_slots) / world_multiple * world_multiple;
+  if (top < min_ranks || top == 0) {
+    return Status::Unavailable("no multiple of shard_group_size {} in [{}, {}] ranks ({} usable slots)", world_multiple,
+                               min_ranks, std::min(max_ranks, usable_slots), usable_slots);
+  }
   BatchPlan plan;
-  for (int w = top; w >= min_ranks && !plan.exact; --w) {
+  for (int w = top; w >= min_ranks && !plan.exact; w -= world_multiple) {
     if (global_rows % w != 0) continue;
     plan.world = w;
     plan.exact = true;

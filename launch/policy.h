@@ -136,8 +136,10 @@ struct BatchPlan {
 // closest to global_rows (ties: the smaller), split with the largest batch_size again; exact = false.
 // Unavailable when usable_slots < min_ranks; InvalidArgument for global_rows outside 1..INT32_MAX,
 // max_batch_size < 1, min_ranks < 1, max_ranks < min_ranks or usable_slots < 0.
+// world_multiple > 1 (a ZeRO shard_group_size): only multiples of it are worlds; Unavailable when
+// none is in range.
 StatusOr<BatchPlan> PlanBatch(int64_t global_rows, int max_batch_size, int min_ranks, int max_ranks,
-                              int usable_slots);
+                              int usable_slots, int world_multiple = 1);
 // The hosts that run `world` ranks: usable hosts in order, each filled up to its slots; slots in the result
 // are ranks placed. Hosts left without ranks are omitted; all of them if they hold fewer than `world` slots.
 std::vector<HostEntry> AssignRanks(const std::vector<HostEntry>& usable, int world);

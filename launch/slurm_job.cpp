@@ -506,6 +506,7 @@ launch::LaunchOptions JobLaunchOptions(const JobOptions& jo, const TrainJob& tra
   o.train_args = train_args;
   o.global_rows = int64_t{train.batch_size} * train.grad_accum_steps * total;
   o.max_batch_size = train.batch_size;
+  o.world_multiple = std::max(1, train.shard_group_size);
   o.has_checkpoints = !train.checkpoint_dir.empty();
   o.tokens_per_step = o.global_rows * train.seq_len;
   o.accounted_hosts = static_cast<int>(hosts.size());

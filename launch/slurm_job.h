@@ -26,6 +26,7 @@ struct TrainJob {
   std::vector<std::string> args;   // "train ..." as given
   int batch_size = 1;
   int grad_accum_steps = 1;
+  int shard_group_size = 0;        // ZeRO replica groups: worlds are multiples of it (0: any)
   int64_t seq_len = 0;
   std::string checkpoint_dir;      // "" = none configured
   bool out_dir_default = false;    // out_dir neither in the configs nor on the command line

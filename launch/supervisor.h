@@ -67,6 +67,7 @@ struct LaunchOptions {
   std::vector<std::string> train_args;   // "train ..." after "--"
   int64_t global_rows = 0;           // the job's ranks x batch_size x grad_accum_steps
   int max_batch_size = 0;            // the configured batch_size: no rank gets a larger one
+  int world_multiple = 1;            // every world is a multiple of this (the job's ZeRO shard_group_size)
   bool has_checkpoints = false;      // the job has a checkpoint_dir (else no rescue, no resume)
   std::string metrics_addr = "127.0.0.1:9460";  // the supervisor's /metrics ("off": none)
   std::string metrics_token;         // "": /metrics is open (to whoever reaches metrics_addr)

@@ -256,7 +256,8 @@ Status Supervisor::Launch() {
     return Status::Unavailable("{} healthy slot(s) left, fewer than the {} ranks the job needs at least", slots,
                                o_.min_ranks);
   }
-  TF_ASSIGN_OR_RETURN(BatchPlan plan, PlanBatch(o_.global_rows, o_.max_batch_size, o_.min_ranks, max_ranks, slots));
+  TF_ASSIGN_OR_RETURN(BatchPlan plan, PlanBatch(o_.global_rows, o_.max_batch_size, o_.min_ranks, max_ranks, slots,
+                                                         o_.world_multiple));
   if (!plan.exact) {
     return Status::Unavailable("no world size in [{}, {}] on {} healthy slot(s) keeps the global batch of {} rows, "
                                "and an exact resume needs it ({})",
@@ -1091,7 +1092,8 @@ void Supervisor::Periodic() {
   const int slots = TotalSlots(book_.Usable());
   const int cap = o_.max_ranks > 0 ? o_.max_ranks : slots;
   if (job_->all_connected && !job_->growing && job_->first_step >= 0) {
-    auto plan = PlanBatch(o_.global_rows, o_.max_batch_size, o_.min_ranks, std::max(cap, o_.min_ranks), slots);
+    auto plan = PlanBatch(o_.global_rows, o_.max_batch_size, o_.min_ranks, std::max(cap, o_.min_ranks), slots,
+                          o_.world_multiple);
     if (plan.ok() && plan->exact && plan->world > job_->plan.world) {
       Say(fmt::format("{} healthy slot(s) now: stopping at a checkpoint to grow from {} to {} ranks", slots,
                       job_->plan.world, plan->world));

@@ -273,8 +273,9 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->allow_extras();
   cmd->footer("Any training config key can be given as --key value, as for train (`trainflow train --help`, "
               "docs/configs.md); those that shape the step:\n" +
-              TrainKeysHelp({"batch_size", "seq_len", "grad_accum_steps", "zero_stage", "threads", "device", "dtype", "attention",
-                             "recompute", "gelu_fusion", "fuse_residual", "deterministic"}));
+              TrainKeysHelp({"batch_size", "seq_len", "grad_accum_steps", "zero_stage", "shard_group_size", "threads",
+                             "device", "dtype", "attention", "recompute", "gelu_fusion", "fuse_residual",
+                             "deterministic"}));
   return {[cmd] { return cmd->parsed(); }, [cmd, a] { return CmdBench(*a, cmd->remaining()); }};
 }
 

@@ -110,6 +110,7 @@ int RunLaunch(const LaunchCommands& c) {
   o.global_rows = int64_t{train.batch_size} * train.grad_accum_steps * std::max(1, launch::TotalSlots(o.hosts));
   if (o.max_ranks > 0) o.global_rows = int64_t{train.batch_size} * train.grad_accum_steps * o.max_ranks;
   o.max_batch_size = train.batch_size;
+  o.world_multiple = std::max(1, train.shard_group_size);
   o.tokens_per_step = o.global_rows * train.seq_len;
   o.has_checkpoints = !train.checkpoint_dir.empty();
   if (!o.has_checkpoints) {

@@ -53,6 +53,7 @@ StatusOr<slurm::TrainJob> ResolveJob(const std::vector<std::string>& command) {
   j.args = command;
   j.batch_size = train.batch_size;
   j.grad_accum_steps = train.grad_accum_steps;
+  j.shard_group_size = train.shard_group_size;
   j.seq_len = train.seq_len;
   j.checkpoint_dir = train.checkpoint_dir;
   j.out_dir_default = train.out_dir == TrainConfig{}.out_dir && !HasFlag(command, "--out_dir");

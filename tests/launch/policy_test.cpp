@@ -458,6 +458,23 @@ TEST(PlanBatchTest, InexactPlansTakeTheClosestGlobalBatch) {
   EXPECT_EQ(tiny.note, "global batch 3 -> 6 rows: 6 ranks x 1 x 1");
 }
 
+// ZeRO replica groups: a world must be a multiple of shard_group_size (2 here).
+TEST(PlanBatchTest, WorldsAreMultiplesOfTheShardGroupSize) {
+  auto p = PlanBatch(24, 8, 1, 8, 7, 2);  // 7 healthy slots: 6 ranks, not 7
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->world, 6);
+  EXPECT_TRUE(p->exact);
+  EXPECT_EQ(p->batch_size * p->grad_accum_steps * p->world, 24);
+  p = PlanBatch(24, 8, 1, 8, 5, 4);  // 4 ranks divide 24
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->world, 4);
+  auto none = PlanBatch(24, 8, 1, 8, 3, 4);  // 3 slots: no multiple of 4
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(none.status().message(), "no multiple of shard_group_size 4 in [1, 3] ranks (3 usable slots)");
+  EXPECT_EQ(PlanBatch(24, 8, 1, 8, 8, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(PlanBatchTest, Errors) {
   auto few = PlanBatch(8, 4, 3, 8, 2);
   ASSERT_FALSE(few.ok());
