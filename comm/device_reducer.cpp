@@ -21,9 +21,6 @@ StatusOr<std::unique_ptr<DeviceGradientReducer>> DeviceGradientReducer::Create(
   if (dt != DataType::kF32 && dt != DataType::kBF16) {
     return Status::InvalidArgument("device reducer: gradients must be fp32 or bf16");
   }
-  if (options.zero_plan) {
-    return Status::InvalidArgument("device reducer: sharded reduction (ZeRO) runs on host ranks only in this version");
-  }
   TF_RETURN_IF_ERROR(CheckTiles(ready_order, n));
   std::unique_ptr<DeviceGradientReducer> r(new DeviceGradientReducer());
   r->comm_ = comm;

@@ -6,17 +6,12 @@
 // Finish (the gradients are then the rank average — on a device, ordered before later work on the
 // compute stream — with the communicator's deadline applied); LastStats.
 //
-// ZeRO (ReducerOptions::zero_plan, host reducer, compression none): each bucket is
-// reduce-scattered into the plan's owners and not all-gathered; after Finish only this rank's
-// range [plan.begin(rank), plan.end(rank)) holds the average, bit-identical to the unsharded one.
-//
 // The error-feedback residuals of lossy codecs are training state: GetState/SetState copy them
 // (worker residual, then the owner's server residual; empty when the codec keeps none).
 // Thread safety: one (compute) thread calls every method.
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -24,7 +19,6 @@
 
 #include "base/status.h"
 #include "comm/codec.h"
-#include "comm/shard_plan.h"
 
 namespace tf::comm {
 
@@ -34,9 +28,6 @@ struct ReducerOptions {
   CodecConfig codec;                              // kNone: exact fp32 average
   bool error_feedback = true;                     // lossy codecs: carry what was not sent
   uint64_t seed = 0;                              // stochastic rounding streams
-  // ZeRO: reduce only into this rank's shard of the flat gradient buffer (see above).
-  // REQUIRES: codec none, total == the gradient size, world == the communicator's world.
-  std::optional<ShardPlan> zero_plan;
 };
 
 struct Bucket {

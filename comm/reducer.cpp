@@ -112,17 +112,6 @@ StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
                                    options.bucket_bytes, options.first_bucket_bytes);
   }
   TF_RETURN_IF_ERROR(CheckTiles(ready_order, static_cast<int64_t>(grads.size())));
-  if (const std::optional<ShardPlan>& plan = options.zero_plan) {
-    if (options.codec.kind != CodecKind::kNone) {
-      return Status::InvalidArgument("gradient reducer: sharded reduction (ZeRO) supports compression none only (got {})",
-                                     CodecName(options.codec));
-    }
-    if (plan->total != static_cast<int64_t>(grads.size()) || plan->world != comm->world()) {
-      return Status::InvalidArgument("gradient reducer: the ZeRO shard plan covers {} elements over {} ranks, but the "
-                                     "gradient buffer has {} elements and the communicator {} ranks",
-                                     plan->total, plan->world, grads.size(), comm->world());
-    }
-  }
   std::unique_ptr<GradientReducer> r(new GradientReducer(comm, grads, options));
   r->buckets_ = PlanBuckets(ready_order, options.bucket_bytes, options.first_bucket_bytes);
   const int W = comm->world();
@@ -137,9 +126,7 @@ StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
     size_t send = 0, recv = 0;
     int64_t shard = 0;
     for (const Bucket& b : r->buckets_) {
-      if (options.zero_plan) {  // only this rank's piece of a bucket is ever received
-        shard = std::max(shard, r->Shard(b, comm->rank()).second - r->Shard(b, comm->rank()).first);
-      } else if (options.codec.kind == CodecKind::kNone) {
+      if (options.codec.kind == CodecKind::kNone) {
         for (int k = 0; k < W; ++k) shard = std::max(shard, r->Shard(b, k).second - r->Shard(b, k).first);
       } else if (options.codec.sparse()) {
         send = std::max(send, EncodedBytes(options.codec, b.size()));
@@ -179,10 +166,6 @@ GradientReducer::~GradientReducer() {
 }
 
 std::pair<int64_t, int64_t> GradientReducer::Shard(const Bucket& b, int r) const {
-  if (const std::optional<ShardPlan>& plan = options_.zero_plan) {
-    const int64_t s = std::clamp(plan->begin(r), b.begin, b.end);
-    return {s, std::clamp(plan->end(r), s, b.end)};
-  }
   return ShardOf(b, r, comm_->world(), options_.codec);
 }
 
@@ -281,19 +264,14 @@ Status GradientReducer::ReduceExact(const Bucket& b) {
   TF_RETURN_IF_ERROR(comm_->ReduceScatterSum(grads_.data() + b.begin, shard_.data(), counts, DataType::kF32));
   double comm_ms = MsSince(t0);
   const float inv = 1.0f / static_cast<float>(W);
-  const float* s = shard_.data();
-  // ZeRO: the average goes straight into this rank's part of the bucket, and stays there.
-  const bool sharded = options_.zero_plan.has_value();
-  float* avg = sharded ? grads_.data() + Shard(b, me).first : shard_.data();
-  for (int64_t i = 0; i < mine; ++i) avg[i] = s[i] * inv;
-  if (!sharded) {
-    t0 = Clock::now();
-    TF_RETURN_IF_ERROR(comm_->AllGatherV(shard_.data(), grads_.data() + b.begin, counts, DataType::kF32));
-    comm_ms += MsSince(t0);
-  }
+  float* s = shard_.data();
+  for (int64_t i = 0; i < mine; ++i) s[i] *= inv;
+  t0 = Clock::now();
+  TF_RETURN_IF_ERROR(comm_->AllGatherV(shard_.data(), grads_.data() + b.begin, counts, DataType::kF32));
+  comm_ms += MsSince(t0);
   std::lock_guard<std::mutex> lock(mu_);
   running_.comm_ms += comm_ms;
-  running_.wire_bytes += (b.size() - mine) * 4 + (sharded ? 0 : mine * 4 * (W - 1));
+  running_.wire_bytes += (b.size() - mine) * 4 + mine * 4 * (W - 1);
   return Status::OK();
 }
 

@@ -7,9 +7,7 @@
 // MarkReady() counts a bucket down; a complete bucket is reduced on the reducer's communication
 // thread while backward continues; Finish() waits for all. Every algorithm (none, dense codecs,
 // topk) gives bit-identical results on every rank; error-feedback residuals are training state
-// (GetState/SetState). With options.zero_plan (ZeRO, codec none) each bucket is only
-// reduce-scattered: afterwards this rank's shard of grads holds the average, the rest is
-// unspecified. Algorithms and ordering: docs/distributed.md, "Gradient reduction".
+// (GetState/SetState). Algorithms and ordering: docs/distributed.md, "Gradient reduction".
 //
 // Thread safety: MarkReady/Finish/BeginStep from one (compute) thread; the communication thread
 // touches a bucket's gradient range only between its completion and Finish(); the caller must not
@@ -60,8 +58,7 @@ class GradientReducer final : public GradientSync {
   // [begin, end) of the gradient buffer is final for this step. Must be one of the ranges of
   // ready_order, or a union of consecutive ones.
   void MarkReady(int64_t begin, int64_t end) override;
-  // Waits until every bucket is reduced; afterwards grads hold the rank average (with a
-  // zero_plan: only grads[plan.begin(rank), plan.end(rank)) does). Errors: a
+  // Waits until every bucket is reduced; afterwards grads hold the rank average. Errors: a
   // collective failed or timed out, or some range was never marked ready (names it).
   Status Finish() override;
 
@@ -80,8 +77,7 @@ class GradientReducer final : public GradientSync {
   Status ReduceExact(const Bucket& b);
   Status ReduceDense(const Bucket& b, uint64_t seed);
   Status ReduceSparse(const Bucket& b, uint64_t seed);
-  // Shard [begin, end) of bucket b owned by rank r (aligned to the codec block for dense codecs;
-  // with a zero_plan, the part of b in r's range of the plan).
+  // Shard [begin, end) of bucket b owned by rank r (aligned to the codec block for dense codecs).
   std::pair<int64_t, int64_t> Shard(const Bucket& b, int r) const;
 
   Communicator* comm_;

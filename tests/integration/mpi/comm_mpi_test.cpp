@@ -272,47 +272,6 @@ TEST_F(CommTest, ReducerExactEqualsSerialAverageOnEveryRank) {
   }
 }
 
-// ZeRO mode: the reducer with a shard plan leaves on each rank's own range exactly the bits the
-// replicated reducer (which averages everything, partitioned per bucket) leaves there, and sends
-// only the reduce-scatter's bytes.
-TEST_F(CommTest, ReducerWithZeroPlanMatchesReplicatedOnOwnedRange) {
-  const int W = topo_.world, me = topo_.rank;
-  int64_t n = 0;
-  const Ranges ranges = OddRanges(&n);
-  for (auto [cap, max_chunk] : {std::pair<int64_t, int64_t>{4096, 64}, {1 << 16, 1 << 20}, {1 << 26, 1000}}) {
-    SCOPED_TRACE("bucket " + std::to_string(cap) + " max chunk " + std::to_string(max_chunk));
-    ReducerOptions o;
-    o.bucket_bytes = cap;
-    o.first_bucket_bytes = 1024;
-    std::vector<float> full(static_cast<size_t>(n)), sharded(static_cast<size_t>(n));
-    auto replicated = GradientReducer::Create(comm_.get(), full, ranges, o);
-    ASSERT_TRUE(replicated.ok()) << replicated.status().ToString();
-    const ShardPlan plan = ShardPlan::Make(n, W, max_chunk);
-    o.zero_plan = plan;
-    auto zero = GradientReducer::Create(comm_.get(), sharded, ranges, o);
-    ASSERT_TRUE(zero.ok()) << zero.status().ToString();
-    for (int step = 0; step < 2; ++step) {
-      for (int64_t i = 0; i < n; ++i) full[static_cast<size_t>(i)] = Mixed<float>(me, i * 2 + step);
-      sharded = full;
-      for (GradientReducer* r : {replicated->get(), zero->get()}) {
-        r->BeginStep(step);
-        for (auto [b, e] : ranges) r->MarkReady(b, e);
-        ASSERT_TRUE(r->Finish().ok());
-      }
-      const int64_t b = plan.begin(me), e = plan.end(me);
-      EXPECT_EQ(0, std::memcmp(full.data() + b, sharded.data() + b, static_cast<size_t>(e - b) * sizeof(float)))
-          << "rank " << me << " of " << W << ": owned range [" << b << ", " << e << ") differs from stage 0";
-      int64_t sent = 0;
-      for (const Bucket& bucket : (*zero)->buckets()) {
-        sent += (bucket.size() - plan.Counts(bucket.begin, bucket.end)[static_cast<size_t>(me)]) * 4;
-      }
-      EXPECT_EQ((*zero)->LastStats()->wire_bytes, sent);
-      EXPECT_LT((*zero)->LastStats()->wire_bytes, (*replicated)->LastStats()->wire_bytes);
-    }
-    ASSERT_TRUE(AllRanks(!::testing::Test::HasFailure()));
-  }
-}
-
 // Each lossy codec through the reducer: the result is the same on every rank; its error against
 // the exact average stays within the codec's bound; and error feedback loses nothing: over K
 // steps, sum(applied) + mean over ranks of the worker residuals + the server residuals
