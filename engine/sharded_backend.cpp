@@ -230,10 +230,8 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
     return {0, stage_ == 1 ? model_->params() : params_.span()};
   }
   Status GetParams(std::span<float> out) override {
+    if (stage_ == 3) return GatherParams(out);
     TF_RETURN_IF_ERROR(CheckWhole(out.size(), "GetParams"));
-    if (stage_ == 3) {
-      return comm_->AllGatherV(shard_params_.data(), out.data(), Sizes(), comm::DataType::kF32);
-    }
     std::span<const float> p = stage_ == 1 ? model_->params() : params_.span();
     std::copy(p.begin(), p.end(), out.begin());
     return Status::OK();
@@ -360,6 +358,28 @@ class ShardedCpuBackend final : public TrainBackend, private UnitStorage {
   Status CheckWhole(size_t n, const char* what) const {
     if (static_cast<int64_t>(n) != plan_.total) {
       return Status::InvalidArgument("{}: {} values for {} parameters", what, n, plan_.total);
+    }
+    return Status::OK();
+  }
+  // Stage 3's GetParams: unit by unit, so a rank that only takes part (an empty `out`) holds one
+  // unit at a time, never the whole model.
+  Status GatherParams(std::span<float> out) {
+    if (!out.empty()) TF_RETURN_IF_ERROR(CheckWhole(out.size(), "GetParams"));
+    TF_RETURN_IF_ERROR(comm_thread_->Drain());
+    std::vector<float> unit;
+    if (out.empty()) {
+      int64_t most = 0;
+      for (const auto& [ub, ue] : units_) most = std::max(most, ue - ub);
+      try {
+        unit.resize(static_cast<size_t>(most));
+      } catch (const std::bad_alloc&) {
+        return Status::InvalidArgument("out of memory for a unit of {} parameters to gather", most);
+      }
+    }
+    for (const auto& [ub, ue] : units_) {
+      const float* src = shard_params_.data() + (std::clamp(ub, b_, e_) - b_);
+      float* dst = out.empty() ? unit.data() : out.data() + ub;
+      TF_RETURN_IF_ERROR(comm_->AllGatherV(src, dst, plan_.Counts(ub, ue), comm::DataType::kF32));
     }
     return Status::OK();
   }

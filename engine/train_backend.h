@@ -114,7 +114,8 @@ class TrainBackend {
   // parameters there); 0 otherwise.
   virtual int64_t update_wire_bytes() const { return 0; }
   // Whether GetOptimizerState (sharded moments) and GetParams (sharded parameters, ZeRO stage 3)
-  // are collectives that every rank must call.
+  // are collectives that every rank must call. A params_collective backend takes an empty span
+  // in GetParams from a rank that only takes part (it then never holds the whole model).
   virtual bool collective_state() const { return false; }
   virtual bool params_collective() const { return false; }
   // The CUDA model, for `trainflow bench`'s profiler and memory report (nullptr on the CPU).

@@ -443,10 +443,7 @@ StatusOr<std::string> Trainer::SampleText() {
 
 Status Trainer::PrepareSampling() {
   if (!backend_->params_collective() || !sampling_) return Status::OK();
-  if (topology_.rank != 0) {
-    std::vector<float> discard(static_cast<size_t>(backend_->layout().total()));
-    return backend_->GetParams(discard);
-  }
+  if (topology_.rank != 0) return backend_->GetParams({});  // takes part, keeps nothing
   if (!sampler_model_) {
     TF_ASSIGN_OR_RETURN(sampler_model_, GPT2::Create(model_config_, 1, config_.seq_len));
   }
@@ -887,9 +884,11 @@ Status Trainer::WriteOutputs(const TrainResult& result) {
     }
   }
   std::vector<float> params;
-  if (topology_.rank == 0 || backend_->params_collective()) {  // sharded parameters: every rank gathers
+  if (topology_.rank == 0) {
     params.resize(static_cast<size_t>(backend_->layout().total()));
     TF_RETURN_IF_ERROR(backend_->GetParams(params));
+  } else if (backend_->params_collective()) {  // sharded parameters: every rank takes part in the gather
+    TF_RETURN_IF_ERROR(backend_->GetParams({}));
   }
   if (topology_.rank != 0) return Status::OK();
   const std::string dir = config_.out_dir;

@@ -14,6 +14,7 @@
 #include "comm/shard_plan.h"
 #include "engine/sharded_backend.h"
 #include "model/parameters.h"
+#include "model/safetensors.h"
 #include "tests/integration/mpi/data_parallel_fixture.h"
 
 namespace tf {
@@ -147,6 +148,44 @@ TEST_F(ZeroTest, BytesPerStepFollowTheFormulas) {
       EXPECT_EQ(sent, sharded);
     } else {
       EXPECT_EQ(sent, sharded + 4 * (W - 1) * regathered);
+    }
+  }
+}
+
+// Stage 3: evaluation, samples (rank 0 samples from weights every rank helps gather, unit by unit)
+// and the final weights work as at stage 0, and the written weights are stage 0's.
+TEST_F(ZeroTest, StageThreeEvaluatesSamplesAndWritesTheSameWeights) {
+  const fs::path dir = fs::path(data_).parent_path();
+  TrainConfig t = Config(2, 1, false);
+  t.max_steps = 6;
+  t.val_data = data_;
+  t.eval_interval = 3;
+  t.eval_batches = 2;
+  t.sample_tokens = 8;
+  t.sample_interval = 3;
+  std::vector<std::vector<NamedTensor>> weights;
+  for (int stage : {0, 3}) {
+    t.zero_stage = stage;
+    t.out_dir = (dir / ("out" + std::to_string(stage))).string();
+    auto trainer = Trainer::Create(model_, t, {.print_progress = true, .write_outputs = true});
+    ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+    auto result = (*trainer)->Run();
+    ASSERT_TRUE(result.ok()) << result.status().ToString();
+    if (topo_.rank == 0) {
+      EXPECT_EQ(result->samples.size(), 2u) << "zero_stage " << stage;
+      EXPECT_EQ(result->val_losses.size(), 3u) << "zero_stage " << stage;  // before step 1, after 3 and 6
+      auto read = ReadSafetensors(t.out_dir + "/model.safetensors");
+      ASSERT_TRUE(read.ok()) << read.status().ToString();
+      weights.push_back(std::move(read->tensors));
+    }
+  }
+  if (topo_.rank == 0) {
+    ASSERT_EQ(weights.size(), 2u);
+    ASSERT_FALSE(weights[0].empty());
+    ASSERT_EQ(weights[0].size(), weights[1].size());
+    for (size_t i = 0; i < weights[0].size(); ++i) {
+      EXPECT_EQ(weights[0][i].name, weights[1][i].name);
+      EXPECT_TRUE(SameBits(weights[0][i].data, weights[1][i].data)) << weights[0][i].name;
     }
   }
 }
