@@ -48,7 +48,8 @@ class Communicator {
   // may be send's block number `rank` itself (in place). fp32 and fp64 only (InvalidArgument
   // otherwise). NCCL sums in its own (fixed) order.
   virtual Status ReduceScatterSum(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) = 0;
-  // recv (sum(counts) elements) = every rank r's send (counts[r] elements), in rank order.
+  // recv (sum(counts) elements) = every rank r's send (counts[r] elements), in rank order. send
+  // may be this rank's own block of recv (in place).
   virtual Status AllGatherV(const void* send, void* recv, std::span<const int64_t> counts, DataType dt) = 0;
   // recv (world*bytes) = every rank's send (bytes), in rank order.
   virtual Status AllGather(const void* send, void* recv, size_t bytes) = 0;

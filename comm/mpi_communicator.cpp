@@ -387,9 +387,12 @@ Status MpiCommunicator::AllGatherV(const void* send, void* recv, std::span<const
   TF_RETURN_IF_ERROR(CheckUsable("all-gather"));
   std::vector<int> c, displs;
   TF_RETURN_IF_ERROR(IntCounts(counts, world_, "all-gather", &c, &displs));
+  // In place (send is this rank's block of recv, as a ZeRO shard is): MPI wants MPI_IN_PLACE there.
+  const bool in_place =
+      send == static_cast<const char*>(recv) + static_cast<size_t>(displs[static_cast<size_t>(rank_)]) * DataTypeSize(dt);
   MPI_Request req;
-  TF_MPI_RETURN_IF_ERROR(MPI_Iallgatherv(send, c[static_cast<size_t>(rank_)], ToMpi(dt), recv, c.data(),
-                                         displs.data(), ToMpi(dt), comm_, &req));
+  TF_MPI_RETURN_IF_ERROR(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : send, c[static_cast<size_t>(rank_)], ToMpi(dt),
+                                         recv, c.data(), displs.data(), ToMpi(dt), comm_, &req));
   return Wait(&req, "all-gather",
               (static_cast<size_t>(displs.back()) + static_cast<size_t>(c.back())) * DataTypeSize(dt));
 }
