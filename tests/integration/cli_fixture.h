@@ -10,10 +10,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -118,6 +120,23 @@ inline int WaitExit(pid_t pid, std::chrono::seconds limit) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// SIGKILLs every other process whose command line contains `text` (a test's own directory):
+// ranks a killed mpirun left behind in process groups of their own. Returns how many.
+inline int KillProcessesNaming(const std::string& text) {
+  int killed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (pid == ::getpid()) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmd.find(text) != std::string::npos && ::kill(pid, SIGKILL) == 0) ++killed;
+  }
+  return killed;
+}
+
 // n byte-level tokens from a fixed LCG seeded with `seed`: windows of it differ, so shuffled runs
 // read distinguishable data (a periodic text would repeat them).
 inline std::vector<uint16_t> LcgByteTokens(int n, uint64_t seed) {
@@ -148,6 +167,13 @@ class CliFixture : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(fs::exists(kBinary)) << kBinary << " is not built";
+  }
+  // Nothing a test started outlives it: a rank that a SIGKILLed mpirun left behind (in a process
+  // group of its own, so the kill of mpirun's group missed it) is killed here, and named.
+  void TearDown() override {
+    if (const int n = KillProcessesNaming(dir_.string()); n > 0) {
+      std::printf("[ cleanup ] killed %d process(es) left running in %s\n", n, dir_.c_str());
+    }
   }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
